@@ -1,0 +1,233 @@
+// Package broker assembles a running LuffyMQ broker from a Config: Mochi
+// MQTT with listeners that lift load reports off extended PINGREQs, the
+// load-aware selection hook, authentication, and the HTTP server for
+// health, status and metrics.
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
+
+	"github.com/luffymq/luffymq/broker/pingreq"
+	"github.com/luffymq/luffymq/clientsdk/report"
+	"github.com/luffymq/luffymq/hooks"
+	"github.com/luffymq/luffymq/scoring"
+)
+
+// Broker is a LuffyMQ broker built from a Config.
+type Broker struct {
+	cfg       Config
+	log       *slog.Logger
+	server    *mqtt.Server
+	engine    *scoring.Engine
+	selection *hooks.SelectionHook
+	tlsConfig *tls.Config
+	authData  []byte
+
+	mu        sync.Mutex
+	started   bool
+	mqtt      listeners.Listener
+	http      *http.Server
+	httpAddr  string
+	httpDone  chan struct{}
+	closeOnce sync.Once
+}
+
+// New validates cfg, reads the files it names and builds a broker. Nothing
+// listens until Start.
+func New(cfg Config) (*Broker, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	b := &Broker{cfg: cfg, log: cfg.Logger}
+	if cfg.TLSListen != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: tls-cert %s / tls-key %s: %w", ErrInvalidConfig, cfg.TLSCertFile, cfg.TLSKeyFile, err)
+		}
+		b.tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	if cfg.AuthFile != "" {
+		data, err := os.ReadFile(cfg.AuthFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: auth-file: %w", ErrInvalidConfig, err)
+		}
+		if err := new(auth.Ledger).Unmarshal(data); err != nil {
+			return nil, fmt.Errorf("%w: auth-file %s is not a valid auth ledger (YAML or JSON): %w", ErrInvalidConfig, cfg.AuthFile, err)
+		}
+		b.authData = data
+	}
+	b.engine, err = scoring.NewEngine(scoring.Config{
+		Strategy:       cfg.Strategy,
+		ReportInterval: cfg.ReportInterval,
+		StaleAfter:     cfg.StaleAfter,
+		Clock:          cfg.Clock,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+
+	b.server = mqtt.New(&mqtt.Options{
+		Logger:       cfg.Logger,
+		InlineClient: false,
+	})
+	b.selection, err = hooks.NewSelectionHook(hooks.SelectionConfig{
+		Engine:         b.engine,
+		Server:         b.server,
+		ReportInterval: cfg.ReportInterval,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := b.server.AddHook(b.selection, nil); err != nil {
+		return nil, fmt.Errorf("adding selection hook: %w", err)
+	}
+	if b.authData != nil {
+		if err := b.server.AddHook(new(auth.Hook), &auth.Options{Data: b.authData}); err != nil {
+			return nil, fmt.Errorf("%w: auth-file %s: %w", ErrInvalidConfig, cfg.AuthFile, err)
+		}
+	} else {
+		if err := b.server.AddHook(new(auth.AllowHook), nil); err != nil {
+			return nil, fmt.Errorf("adding allow-all hook: %w", err)
+		}
+	}
+	return b, nil
+}
+
+// Engine returns the selection engine (for status views and tests).
+func (b *Broker) Engine() *scoring.Engine { return b.engine }
+
+// Selection returns the selection hook (for its counters).
+func (b *Broker) Selection() *hooks.SelectionHook { return b.selection }
+
+// Server returns the underlying Mochi server.
+func (b *Broker) Server() *mqtt.Server { return b.server }
+
+// Start opens the listeners and serves in the background. It returns an
+// error naming the address that could not be opened.
+func (b *Broker) Start() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started {
+		return errors.New("broker already started")
+	}
+	if b.cfg.AuthFile == "" {
+		b.log.Warn("anonymous access allowed: any client that reaches the listeners may connect; set --auth-file to require credentials")
+	}
+	add := func(l listeners.Listener) error {
+		return b.server.AddListener(pingreq.WrapListener(l, report.MaxPayload))
+	}
+	if b.cfg.MQTTListen != "" {
+		tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.cfg.MQTTListen})
+		if err := add(tcp); err != nil {
+			return fmt.Errorf("listen %s: %w", b.cfg.MQTTListen, err)
+		}
+		b.mqtt = tcp
+	}
+	if b.cfg.TLSListen != "" {
+		l := listeners.NewTCP(listeners.Config{ID: "tls", Address: b.cfg.TLSListen, TLSConfig: b.tlsConfig})
+		if err := add(l); err != nil {
+			b.closeListeners()
+			return fmt.Errorf("tls-listen %s: %w", b.cfg.TLSListen, err)
+		}
+	}
+	if b.cfg.WSListen != "" {
+		// Mochi's websocket listener binds in Serve; check the address now
+		// so a bad one fails Start instead of being logged later.
+		probe, err := net.Listen("tcp", b.cfg.WSListen)
+		if err != nil {
+			b.closeListeners()
+			return fmt.Errorf("ws-listen %s: %w", b.cfg.WSListen, err)
+		}
+		_ = probe.Close()
+		if err := add(listeners.NewWebsocket(listeners.Config{ID: "ws", Address: b.cfg.WSListen})); err != nil {
+			b.closeListeners()
+			return fmt.Errorf("ws-listen %s: %w", b.cfg.WSListen, err)
+		}
+	}
+	if b.cfg.HTTPListen != "" {
+		ln, err := net.Listen("tcp", b.cfg.HTTPListen)
+		if err != nil {
+			b.closeListeners()
+			return fmt.Errorf("http %s: %w", b.cfg.HTTPListen, err)
+		}
+		b.httpAddr = ln.Addr().String()
+		b.http = &http.Server{Handler: b.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+		b.httpDone = make(chan struct{})
+		go func() {
+			defer close(b.httpDone)
+			if err := b.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				b.log.Error("http server stopped", "error", err)
+			}
+		}()
+	}
+	if err := b.server.Serve(); err != nil {
+		return fmt.Errorf("starting mqtt server: %w", err)
+	}
+	b.started = true
+	b.log.Info("luffymq started", "mqtt", b.mqttAddrLocked(), "tls", b.cfg.TLSListen, "ws", b.cfg.WSListen,
+		"http", b.httpAddr, "strategy", b.cfg.Strategy, "report_interval", b.cfg.ReportInterval)
+	return nil
+}
+
+func (b *Broker) closeListeners() {
+	b.server.Listeners.CloseAll(func(string) {})
+}
+
+// MQTTAddr returns the address the plain TCP listener is bound to (with the
+// real port when configured as :0), or "" if there is none.
+func (b *Broker) MQTTAddr() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.mqttAddrLocked()
+}
+
+// mqttAddrLocked is MQTTAddr for callers holding b.mu.
+func (b *Broker) mqttAddrLocked() string {
+	if b.mqtt == nil {
+		return ""
+	}
+	return b.mqtt.Address()
+}
+
+// HTTPAddr returns the address the HTTP server is bound to, or "".
+func (b *Broker) HTTPAddr() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.httpAddr
+}
+
+// Close stops the listeners, disconnects clients and stops the HTTP server.
+func (b *Broker) Close() error {
+	var err error
+	b.closeOnce.Do(func() {
+		b.mu.Lock()
+		started := b.started
+		b.mu.Unlock()
+		if started {
+			err = b.server.Close()
+		}
+		if b.http != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if herr := b.http.Shutdown(ctx); herr != nil && err == nil {
+				err = herr
+			}
+			<-b.httpDone
+		}
+	})
+	return err
+}

@@ -1,0 +1,80 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/luffymq/luffymq/scoring"
+)
+
+// Config describes a broker to build. The zero value of an optional field
+// takes the default shown.
+type Config struct {
+	// MQTTListen is the plain TCP MQTT address (":1883"; empty disables).
+	MQTTListen string
+	// TLSListen is the MQTT-over-TLS address (empty disables); it needs
+	// TLSCertFile and TLSKeyFile (PEM).
+	TLSListen   string
+	TLSCertFile string
+	TLSKeyFile  string
+	// WSListen is the MQTT-over-WebSocket address (empty disables).
+	WSListen string
+	// HTTPListen serves /healthz, /api/v1/groups and /metrics (empty
+	// disables).
+	HTTPListen string
+	// Strategy is the shared-subscription strategy ("adaptive").
+	Strategy string
+	// ReportInterval is the load-report interval announced to clients (1 s).
+	ReportInterval time.Duration
+	// StaleAfter is how long without a report makes a member stale
+	// (3 report intervals).
+	StaleAfter time.Duration
+	// AuthFile is a Mochi auth/ACL ledger (YAML or JSON). Empty allows
+	// anonymous access, with a warning.
+	AuthFile string
+	// Logger receives the broker's logs (slog.Default()).
+	Logger *slog.Logger
+	// Clock drives the selection engine (the system clock).
+	Clock scoring.Clock
+}
+
+// ErrInvalidConfig is wrapped by every configuration error.
+var ErrInvalidConfig = errors.New("invalid configuration")
+
+// withDefaults returns c with defaults filled in, or an error naming the bad
+// field.
+func (c Config) withDefaults() (Config, error) {
+	if c.Strategy == "" {
+		c.Strategy = "adaptive"
+	}
+	if _, err := scoring.StrategyByName(c.Strategy); err != nil {
+		return c, fmt.Errorf("%w: strategy: %w", ErrInvalidConfig, err)
+	}
+	if c.ReportInterval == 0 {
+		c.ReportInterval = scoring.DefaultReportInterval
+	}
+	if c.ReportInterval < time.Millisecond {
+		return c, fmt.Errorf("%w: report interval %v is below 1ms", ErrInvalidConfig, c.ReportInterval)
+	}
+	if c.StaleAfter == 0 {
+		c.StaleAfter = 3 * c.ReportInterval
+	}
+	if c.StaleAfter < 0 {
+		return c, fmt.Errorf("%w: stale-after %v is negative", ErrInvalidConfig, c.StaleAfter)
+	}
+	if c.MQTTListen == "" && c.TLSListen == "" && c.WSListen == "" {
+		return c, fmt.Errorf("%w: no MQTT listener: set at least one of listen, tls-listen, ws-listen", ErrInvalidConfig)
+	}
+	if c.TLSListen != "" && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
+		return c, fmt.Errorf("%w: tls-listen %s needs both tls-cert and tls-key", ErrInvalidConfig, c.TLSListen)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = scoring.SystemClock{}
+	}
+	return c, nil
+}

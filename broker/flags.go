@@ -1,0 +1,144 @@
+package broker
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/luffymq/luffymq/scoring"
+)
+
+// fileConfig is the YAML form of the command-line flags; keys are the flag
+// names.
+type fileConfig struct {
+	Listen         *string `yaml:"listen"`
+	TLSListen      *string `yaml:"tls-listen"`
+	TLSCert        *string `yaml:"tls-cert"`
+	TLSKey         *string `yaml:"tls-key"`
+	WSListen       *string `yaml:"ws-listen"`
+	HTTP           *string `yaml:"http"`
+	Strategy       *string `yaml:"strategy"`
+	ReportInterval *string `yaml:"report-interval"`
+	StaleAfter     *string `yaml:"stale-after"`
+	AuthFile       *string `yaml:"auth-file"`
+	LogLevel       *string `yaml:"log-level"`
+}
+
+// ErrHelp is returned by ConfigFromArgs when -h or --help was given; the
+// usage has been written.
+var ErrHelp = flag.ErrHelp
+
+// ConfigFromArgs builds a Config from command-line arguments and, with
+// --config, a YAML file whose keys are the flag names (flags win). Logs go
+// to logOutput. Errors are one line that names the bad input.
+func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, error) {
+	fs := flag.NewFlagSet("luffymq", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var (
+		configFile     = fs.String("config", "", "YAML file with any of these flags as keys; flags given on the command line win")
+		listen         = fs.String("listen", ":1883", "MQTT over TCP address (empty disables)")
+		tlsListen      = fs.String("tls-listen", "", "MQTT over TLS address, e.g. :8883 (needs --tls-cert and --tls-key)")
+		tlsCert        = fs.String("tls-cert", "", "PEM certificate file for --tls-listen")
+		tlsKey         = fs.String("tls-key", "", "PEM private key file for --tls-listen")
+		wsListen       = fs.String("ws-listen", "", "MQTT over WebSocket address, e.g. :1882")
+		httpListen     = fs.String("http", "127.0.0.1:8080", "HTTP address for /healthz, /api/v1/groups and /metrics (empty disables)")
+		strategy       = fs.String("strategy", "adaptive", "shared-subscription strategy: "+strings.Join(scoring.Strategies(), ", "))
+		reportInterval = fs.Duration("report-interval", scoring.DefaultReportInterval, "load-report interval announced to clients in CONNACK")
+		staleAfter     = fs.Duration("stale-after", 0, "time without a report after which a member is stale (default 3 report intervals)")
+		authFile       = fs.String("auth-file", "", "Mochi auth/ACL ledger file (YAML or JSON); empty allows anonymous access")
+		logLevel       = fs.String("log-level", "info", "log level: debug, info, warn, error")
+	)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(usageOutput)
+			fmt.Fprintln(usageOutput, "Usage: luffymq [flags]\n\nLuffyMQ: an MQTT v5 broker whose shared subscriptions pick the member that will start each message soonest.\n\nFlags:")
+			fs.PrintDefaults()
+			return Config{}, ErrHelp
+		}
+		return Config{}, fmt.Errorf("%w (run luffymq --help for the flags)", err)
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected argument %q: luffymq takes only flags", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	if *configFile != "" {
+		data, err := os.ReadFile(*configFile)
+		if err != nil {
+			return Config{}, fmt.Errorf("config file: %w", err)
+		}
+		var fc fileConfig
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
+			oneLine := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+			return Config{}, fmt.Errorf("config file %s: %s", *configFile, oneLine)
+		}
+		takeString := func(name string, dst *string, v *string) {
+			if v != nil && !set[name] {
+				*dst = *v
+			}
+		}
+		takeDuration := func(name string, dst *time.Duration, v *string) error {
+			if v == nil || set[name] {
+				return nil
+			}
+			d, err := time.ParseDuration(*v)
+			if err != nil {
+				return fmt.Errorf("config file %s: %s: %q is not a duration such as 500ms or 2s", *configFile, name, *v)
+			}
+			*dst = d
+			return nil
+		}
+		takeString("listen", listen, fc.Listen)
+		takeString("tls-listen", tlsListen, fc.TLSListen)
+		takeString("tls-cert", tlsCert, fc.TLSCert)
+		takeString("tls-key", tlsKey, fc.TLSKey)
+		takeString("ws-listen", wsListen, fc.WSListen)
+		takeString("http", httpListen, fc.HTTP)
+		takeString("strategy", strategy, fc.Strategy)
+		takeString("auth-file", authFile, fc.AuthFile)
+		takeString("log-level", logLevel, fc.LogLevel)
+		if err := takeDuration("report-interval", reportInterval, fc.ReportInterval); err != nil {
+			return Config{}, err
+		}
+		if err := takeDuration("stale-after", staleAfter, fc.StaleAfter); err != nil {
+			return Config{}, err
+		}
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return Config{}, fmt.Errorf("log-level %q: choose debug, info, warn or error", *logLevel)
+	}
+	if *reportInterval <= 0 {
+		return Config{}, fmt.Errorf("report-interval %v must be positive", *reportInterval)
+	}
+	cfg := Config{
+		MQTTListen:     *listen,
+		TLSListen:      *tlsListen,
+		TLSCertFile:    *tlsCert,
+		TLSKeyFile:     *tlsKey,
+		WSListen:       *wsListen,
+		HTTPListen:     *httpListen,
+		Strategy:       *strategy,
+		ReportInterval: *reportInterval,
+		StaleAfter:     *staleAfter,
+		AuthFile:       *authFile,
+		Logger:         slog.New(slog.NewTextHandler(logOutput, &slog.HandlerOptions{Level: level})),
+	}
+	// Validate now so a bad value is reported before anything starts.
+	if _, err := cfg.withDefaults(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}

@@ -1,0 +1,342 @@
+// Package pingreq lifts LuffyMQ load reports off extended PINGREQ packets
+// before Mochi MQTT reads them.
+//
+// An extended PINGREQ is the byte 0xC0, an MQTT variable byte integer
+// remaining length and that many payload bytes. Mochi reads and discards a
+// PINGREQ's payload, so every accepted connection is wrapped in a Conn that
+// follows the MQTT framing of the inbound byte stream, queues each PINGREQ
+// payload and hands Mochi a plain PINGREQ (0xC0 0x00) instead. A Mochi hook
+// then takes the queued payloads with TakeLiftedReports when Mochi reports
+// the PINGREQ in OnPacketRead.
+package pingreq
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// DefaultMaxPayload is the report size limit NewConn uses when it is given
+// a limit of zero or less.
+const DefaultMaxPayload = 4096
+
+// MaxQueuedReports is how many lifted payloads a Conn keeps until they are
+// taken; on overflow the oldest is dropped and counted by Dropped.
+const MaxQueuedReports = 64
+
+// pingreqByte is the fixed header byte of a PINGREQ packet.
+const pingreqByte = 0xC0
+
+// ErrReportTooLarge is returned by every Read after the connection sent an
+// extended PINGREQ whose payload exceeded the limit; the returned error
+// wraps it and names the limit.
+var ErrReportTooLarge = errors.New("pingreq: load report too large")
+
+// ReportSource is implemented by Conn. A Mochi hook can type-assert
+// cl.Net.Conn to it to take the lifted payloads.
+type ReportSource interface {
+	TakeLiftedReports() (payloads [][]byte, oversized bool)
+}
+
+// state is the position of the reader in the MQTT framing.
+type state uint8
+
+const (
+	stType        state = iota // next byte is a fixed header type byte
+	stLen                      // inside the remaining length of a non-PINGREQ packet
+	stBody                     // inside the body of a non-PINGREQ packet
+	stPingLen                  // inside the remaining length of a PINGREQ (held back)
+	stPingPayload              // inside the payload of an extended PINGREQ (lifted)
+	stPassthrough              // framing lost: everything passes through untouched
+)
+
+// Conn wraps a net.Conn and lifts extended PINGREQ payloads off the bytes
+// read from it. All methods other than Read pass through to the embedded
+// net.Conn. Read must not be called concurrently with itself (as for any
+// io.Reader); TakeLiftedReports, Lifted and Dropped may be called from any
+// goroutine.
+type Conn struct {
+	net.Conn
+
+	max int
+
+	// Read state, owned by the reading goroutine.
+	st      state
+	vlVal   int     // remaining length decoded so far
+	vlN     int     // remaining length bytes seen so far
+	left    int     // body or payload bytes still to come
+	held    [4]byte // a PINGREQ's fixed header held back: 0xC0 and up to 3 length bytes
+	nheld   int
+	payload []byte // payload of the extended PINGREQ being lifted
+	owed    []byte // output that did not fit into the caller's buffer; emitted first
+	owedBuf [8]byte
+	readErr error // an error from the inner conn, returned once owed is emitted
+	tooBig  error // sticky ErrReportTooLarge
+
+	mu        sync.Mutex
+	queue     [][]byte
+	oversized bool
+
+	lifted  atomic.Uint64
+	dropped atomic.Uint64
+}
+
+var (
+	_ net.Conn     = (*Conn)(nil)
+	_ ReportSource = (*Conn)(nil)
+)
+
+// NewConn wraps c. Extended PINGREQs with a payload longer than maxPayload
+// bytes end the connection (see ErrReportTooLarge); maxPayload <= 0 selects
+// DefaultMaxPayload.
+func NewConn(c net.Conn, maxPayload int) *Conn {
+	if maxPayload <= 0 {
+		maxPayload = DefaultMaxPayload
+	}
+	cn := &Conn{Conn: c, max: maxPayload}
+	cn.owed = cn.owedBuf[:0]
+	return cn
+}
+
+// NetConn returns the wrapped connection (for example a *tls.Conn).
+func (c *Conn) NetConn() net.Conn { return c.Conn }
+
+// Read reads from the wrapped connection into p, passing MQTT packets
+// through byte for byte except that every extended PINGREQ is replaced by
+// 0xC0 0x00 once its whole payload has been read and queued.
+func (c *Conn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(c.owed) > 0 {
+		n := copy(p, c.owed)
+		c.owed = c.owed[:copy(c.owed, c.owed[n:])]
+		if len(c.owed) == 0 && c.readErr != nil {
+			err := c.readErr
+			c.readErr = nil
+			return n, err
+		}
+		// Never block on the inner conn while holding output: Mochi may
+		// need these bytes to finish a packet.
+		return n, nil
+	}
+	if c.tooBig != nil {
+		return 0, c.tooBig
+	}
+	if c.readErr != nil {
+		err := c.readErr
+		c.readErr = nil
+		return 0, err
+	}
+	for {
+		// While a PINGREQ is in progress its replacement (or, for a
+		// malformed length, its held header) is written when it ends, and
+		// it may be longer than the PINGREQ's bytes in this read. Leave
+		// that much room before the data so output never overtakes input.
+		hr := c.headroom()
+		start, end := hr, len(p)
+		if len(p) <= hr {
+			// Too small for headroom: read one byte, and let whatever
+			// does not fit after it go to owed.
+			start, end = 0, 1
+		}
+		n, err := c.Conn.Read(p[start:end])
+		w := 0
+		if n > 0 {
+			w = c.filter(p, start, start+n)
+		}
+		if c.tooBig != nil {
+			return w, nil // the next Read returns the sticky error
+		}
+		if err != nil {
+			if len(c.owed) > 0 {
+				c.readErr = err
+				return w, nil
+			}
+			return w, err
+		}
+		if w > 0 || n == 0 {
+			return w, nil
+		}
+		// Everything read was lifted or held back: read again rather than
+		// return (0, nil), which bufio.Reader tolerates only 100 times.
+	}
+}
+
+// headroom returns how many output bytes the packet in progress may emit
+// beyond its own bytes in the next read.
+func (c *Conn) headroom() int {
+	switch c.st {
+	case stPingLen:
+		return c.nheld
+	case stPingPayload:
+		return 1
+	}
+	return 0
+}
+
+// filter processes the input p[r:end] in place, writing output from p[0]
+// on, and returns the output length.
+func (c *Conn) filter(p []byte, r, end int) int {
+	w := 0
+	for r < end {
+		switch c.st {
+		case stBody:
+			n := min(c.left, end-r)
+			w = c.pass(p, w, r, n)
+			r += n
+			c.left -= n
+			if c.left == 0 {
+				c.st = stType
+			}
+		case stPassthrough:
+			w = c.pass(p, w, r, end-r)
+			r = end
+		case stType:
+			b := p[r]
+			c.vlVal, c.vlN = 0, 0
+			if b == pingreqByte {
+				c.held[0] = b
+				c.nheld = 1
+				c.st = stPingLen
+			} else {
+				w = c.pass(p, w, r, 1)
+				c.st = stLen
+			}
+			r++
+		case stLen:
+			b := p[r]
+			w = c.pass(p, w, r, 1)
+			r++
+			switch done, bad := c.lengthByte(b); {
+			case bad:
+				c.st = stPassthrough
+			case done && c.vlVal == 0:
+				c.st = stType
+			case done:
+				c.left = c.vlVal
+				c.st = stBody
+			}
+		case stPingLen:
+			b := p[r]
+			r++
+			done, bad := c.lengthByte(b)
+			switch {
+			case bad:
+				// Give Mochi the bytes as they came; it ends the stream.
+				w = c.emit(p, w, r, end, b)
+				c.st = stPassthrough
+			case !done:
+				c.held[c.nheld] = b
+				c.nheld++
+			case c.vlVal == 0:
+				w = c.emit(p, w, r, end, pingreqByte, 0)
+				c.st = stType
+			case c.vlVal > c.max:
+				w = c.emit(p, w, r, end, pingreqByte, 0)
+				c.markOversized(c.vlVal)
+				return w // the rest of the input is never delivered
+			default:
+				c.left = c.vlVal
+				c.payload = make([]byte, 0, c.vlVal)
+				c.st = stPingPayload
+			}
+		case stPingPayload:
+			n := min(c.left, end-r)
+			c.payload = append(c.payload, p[r:r+n]...)
+			r += n
+			c.left -= n
+			if c.left == 0 {
+				c.enqueue(c.payload)
+				c.payload = nil
+				w = c.emit(p, w, r, end, pingreqByte, 0)
+				c.st = stType
+			}
+		}
+	}
+	return w
+}
+
+// lengthByte adds b to the remaining length being decoded. done reports
+// that b was its last byte; bad that b is a fourth byte with the
+// continuation bit set.
+func (c *Conn) lengthByte(b byte) (done, bad bool) {
+	c.vlVal |= int(b&0x7F) << (7 * c.vlN)
+	c.vlN++
+	if b&0x80 == 0 {
+		return true, false
+	}
+	return false, c.vlN == 4
+}
+
+// pass moves the n input bytes at p[r:] to the output at p[w:] and returns
+// the new output length. Nothing is copied while no byte was removed.
+func (c *Conn) pass(p []byte, w, r, n int) int {
+	if len(c.owed) > 0 {
+		c.owed = append(c.owed, p[r:r+n]...)
+		return w
+	}
+	if w != r {
+		copy(p[w:], p[r:r+n])
+	}
+	return w + n
+}
+
+// emit writes bs to the output at p[w:] where that does not overwrite
+// unread input (p[r:end]), and appends the rest to owed. It returns the new
+// output length.
+func (c *Conn) emit(p []byte, w, r, end int, bs ...byte) int {
+	limit := r
+	if r == end {
+		limit = len(p)
+	}
+	for _, b := range bs {
+		if len(c.owed) == 0 && w < limit {
+			p[w] = b
+			w++
+		} else {
+			c.owed = append(c.owed, b)
+		}
+	}
+	return w
+}
+
+func (c *Conn) enqueue(payload []byte) {
+	c.lifted.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) == MaxQueuedReports {
+		copy(c.queue, c.queue[1:])
+		c.queue = c.queue[:len(c.queue)-1]
+		c.dropped.Add(1)
+	}
+	c.queue = append(c.queue, payload)
+}
+
+func (c *Conn) markOversized(length int) {
+	c.tooBig = fmt.Errorf("%w: report of %d bytes exceeded %d bytes", ErrReportTooLarge, length, c.max)
+	c.mu.Lock()
+	c.oversized = true
+	c.mu.Unlock()
+}
+
+// TakeLiftedReports returns the payloads lifted since the last call, in
+// arrival order, and clears them; the caller owns the returned slices.
+// oversized reports that the connection sent a report larger than the
+// limit; it stays set.
+func (c *Conn) TakeLiftedReports() (payloads [][]byte, oversized bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	payloads, c.queue = c.queue, nil
+	return payloads, c.oversized
+}
+
+// Lifted returns the number of payloads lifted so far, including dropped
+// ones.
+func (c *Conn) Lifted() uint64 { return c.lifted.Load() }
+
+// Dropped returns the number of lifted payloads dropped because the queue
+// was full.
+func (c *Conn) Dropped() uint64 { return c.dropped.Load() }

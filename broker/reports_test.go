@@ -1,0 +1,213 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/packets"
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/clientsdk/report"
+)
+
+func TestConnackAnnouncesReportInterval(t *testing.T) {
+	b := startBroker(t, func(c *Config) { c.ReportInterval = 250 * time.Millisecond })
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	_, connack := dialRaw(t, conn, "c1")
+	var announced []string
+	for _, u := range connack.Properties.User {
+		if u.Key == report.ReportIntervalProperty {
+			announced = append(announced, u.Value)
+		}
+	}
+	require.Equal(t, []string{"250"}, announced)
+}
+
+func TestExtendedPingreqReportIsApplied(t *testing.T) {
+	b := startBroker(t, nil)
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	rc, _ := dialRaw(t, conn, "w1")
+	rc.subscribe("$share/g/jobs", 0)
+
+	rc.writeBytes(report.EncodePingreq(report.Report{Pending: 7, ProcessingTime: 25 * time.Millisecond}))
+	require.Equal(t, packets.PINGRESP, rc.read().Type, "an extended PINGREQ is still answered")
+
+	m, ok := member(getGroups(t, b), "$share/g/jobs", "w1")
+	require.True(t, ok)
+	require.Equal(t, 7, m.ReportedPending)
+	require.InDelta(t, 25.0, m.ProcessingTimeMs, 0.001)
+	require.Equal(t, uint64(1), m.Reports)
+	require.NotNil(t, m.LastReportAgeMs)
+	require.Equal(t, uint64(1), b.Selection().Reports.Accepted[0].Load())
+}
+
+func TestThesisKeySpellingAndPropertiesAreaAccepted(t *testing.T) {
+	b := startBroker(t, nil)
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	rc, _ := dialRaw(t, conn, "w1")
+	rc.subscribe("$share/g/jobs", 0)
+
+	// Properties area (one User Property "k"="v") then the thesis's JSON.
+	payload := append([]byte{0x07, 0x26, 0x00, 0x01, 'k', 0x00, 0x01, 'v'},
+		[]byte(`{"numberOfMsgsInQueue": 4, "processingTimerPerMsg": 12.5}`)...)
+	rc.writeBytes(append([]byte{0xC0, byte(len(payload))}, payload...))
+	require.Equal(t, packets.PINGRESP, rc.read().Type)
+
+	m, ok := member(getGroups(t, b), "$share/g/jobs", "w1")
+	require.True(t, ok)
+	require.Equal(t, 4, m.ReportedPending)
+	require.InDelta(t, 12.5, m.ProcessingTimeMs, 0.001)
+}
+
+func TestMalformedReportIsCountedAndPingStillAnswered(t *testing.T) {
+	b := startBroker(t, nil)
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	rc, _ := dialRaw(t, conn, "w1")
+	rc.subscribe("$share/g/jobs", 0)
+
+	for _, bad := range []string{"abc", `{"msgsInQueue": -4}`, `{"processingTimePerMsg": 3}`, "{"} {
+		rc.writeBytes(append([]byte{0xC0, byte(len(bad))}, bad...))
+		require.Equal(t, packets.PINGRESP, rc.read().Type, "payload %q", bad)
+	}
+	require.Equal(t, uint64(4), b.Selection().Reports.Malformed[0].Load())
+	m, ok := member(getGroups(t, b), "$share/g/jobs", "w1")
+	require.True(t, ok)
+	require.Equal(t, uint64(0), m.Reports, "malformed reports change no state")
+
+	// The connection is intact: a good report still works.
+	rc.writeBytes(report.EncodePingreq(report.Report{Pending: 2}))
+	require.Equal(t, packets.PINGRESP, rc.read().Type)
+
+	metrics := httpGet(t, "http://"+b.HTTPAddr()+"/metrics")
+	require.Contains(t, metrics, `luffymq_load_reports_total{channel="pingreq",outcome="malformed"} 4`)
+	require.Contains(t, metrics, `luffymq_load_reports_total{channel="pingreq",outcome="accepted"} 1`)
+}
+
+func TestOversizedReportEndsConnectionWithPacketTooLarge(t *testing.T) {
+	b := startBroker(t, nil)
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	rc, _ := dialRaw(t, conn, "w1")
+
+	payload := bytes.Repeat([]byte("x"), report.MaxPayload+1)
+	pk := append([]byte{0xC0}, varint(len(payload))...)
+	rc.writeBytes(append(pk, payload...))
+
+	cp := rc.read()
+	require.Equal(t, packets.DISCONNECT, cp.Type)
+	require.Equal(t, byte(0x95), cp.Content.(*packets.Disconnect).ReasonCode, "reason: packet too large")
+	_, err = packets.ReadPacket(conn)
+	require.Error(t, err, "the broker closes the connection")
+	require.Equal(t, uint64(1), b.Selection().Reports.Oversized.Load())
+
+	// A payload of exactly the limit is accepted (and, not being JSON,
+	// counted as malformed).
+	conn2, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	rc2, _ := dialRaw(t, conn2, "w2")
+	payload = bytes.Repeat([]byte("x"), report.MaxPayload)
+	pk = append([]byte{0xC0}, varint(len(payload))...)
+	rc2.writeBytes(append(pk, payload...))
+	require.Equal(t, packets.PINGRESP, rc2.read().Type)
+}
+
+func TestLoadTopicPublishIsConsumedNotRouted(t *testing.T) {
+	b := startBroker(t, nil)
+	// A subscriber to everything, and one to the load topic itself, must
+	// never see reports.
+	spy := connectPaho(t, b.MQTTAddr(), "spy", nil)
+	spy.subscribe(t, "#", 1)
+	spy.subscribe(t, report.LoadTopic, 1)
+
+	w := connectPaho(t, b.MQTTAddr(), "w1", nil)
+	w.subscribe(t, "$share/g/jobs", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := w.Publish(ctx, &paho.Publish{Topic: report.LoadTopic, QoS: 1,
+		Payload: report.Encode(report.Report{Pending: 9, ProcessingTime: 40 * time.Millisecond})})
+	require.NoError(t, err, "QoS 1 report acknowledged")
+	_, err = w.Publish(ctx, &paho.Publish{Topic: report.LoadTopic, QoS: 0, Payload: []byte(`{"msgsInQueue": 3}`)})
+	require.NoError(t, err)
+
+	eventually(t, 5*time.Second, func() bool {
+		m, ok := member(getGroups(t, b), "$share/g/jobs", "w1")
+		return ok && m.Reports == 2 && m.ReportedPending == 3
+	}, "both reports applied to the publisher's own state")
+
+	// A malformed QoS 1 report is refused with "payload format invalid".
+	resp, err := w.Publish(ctx, &paho.Publish{Topic: report.LoadTopic, QoS: 1, Payload: []byte("not json")})
+	if err == nil {
+		require.Equal(t, byte(0x99), resp.ReasonCode)
+	} else {
+		require.Contains(t, strings.ToLower(err.Error()), "payload format", "reason 0x99")
+	}
+	require.Equal(t, uint64(1), b.Selection().Reports.Malformed[1].Load())
+
+	// A marker published after the reports reaches the spy; the reports
+	// never did.
+	_, err = w.Publish(ctx, &paho.Publish{Topic: "marker", QoS: 1, Payload: []byte("m")})
+	require.NoError(t, err)
+	eventually(t, 5*time.Second, func() bool { return spy.count() >= 1 })
+	spy.mu.Lock()
+	defer spy.mu.Unlock()
+	for _, p := range spy.received {
+		require.NotEqual(t, report.LoadTopic, p.Topic)
+	}
+}
+
+func TestHTTPEndpoints(t *testing.T) {
+	b := startBroker(t, nil)
+	require.Equal(t, "ok\n", httpGet(t, "http://"+b.HTTPAddr()+"/healthz"))
+	w := connectPaho(t, b.MQTTAddr(), "w1", nil)
+	w.subscribe(t, "$share/g/t/#", 0)
+	groups := getGroups(t, b)
+	require.Len(t, groups.Groups, 1)
+	require.Equal(t, "$share/g/t/#", groups.Groups[0].Filter)
+	require.Equal(t, "adaptive", groups.Groups[0].Strategy)
+	require.Len(t, groups.Groups[0].Members, 1)
+	require.Nil(t, groups.Groups[0].Members[0].LastReportAgeMs, "no report yet")
+
+	metrics := httpGet(t, "http://"+b.HTTPAddr()+"/metrics")
+	for _, name := range []string{"luffymq_shared_selections_total", "luffymq_member_reported_pending",
+		"luffymq_member_service_time_seconds", "luffymq_load_reports_total", "luffymq_clients_connected"} {
+		require.Contains(t, metrics, name)
+	}
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
+}
+
+func varint(n int) []byte {
+	var out []byte
+	for {
+		b := byte(n % 128)
+		n /= 128
+		if n > 0 {
+			b |= 0x80
+		}
+		out = append(out, b)
+		if n == 0 {
+			return out
+		}
+	}
+}
+

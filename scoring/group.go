@@ -1,0 +1,99 @@
+package scoring
+
+import "time"
+
+// group is one shared subscription (`$share/<group>/<filter>`): its online
+// members in join order, the offline ones whose sessions survive, and the
+// per-group state of the strategies.
+type group struct {
+	key        string
+	members    []*member // online members
+	selections []uint64  // messages selected per online member, same order
+	offline    []*member
+	// total selections per member ID survive offline periods and removal
+	// from members; kept for the status API.
+	totals map[string]uint64
+
+	nextRoundRobin int
+	nextOffline    int
+	sticky         *member
+	rng            uint64
+
+	// The adaptive prior (Engine.groupPrior) cached until the membership or
+	// a member's estimate changes, or until priorUntil, when a member it
+	// counts turns stale.
+	prior      time.Duration
+	priorValid bool
+	priorUntil time.Duration
+}
+
+func newGroup(key string, seed uint64) *group {
+	return &group{key: key, rng: seed | 1, totals: make(map[string]uint64)}
+}
+
+func (g *group) empty() bool { return len(g.members) == 0 && len(g.offline) == 0 }
+
+func (g *group) indexOf(list []*member, m *member) int {
+	for i, x := range list {
+		if x == m {
+			return i
+		}
+	}
+	return -1
+}
+
+// add adds m (online or not, as m says) and reports whether it was new.
+func (g *group) add(m *member) bool {
+	if g.indexOf(g.members, m) >= 0 || g.indexOf(g.offline, m) >= 0 {
+		return false
+	}
+	g.priorValid = false
+	if m.online {
+		g.members = append(g.members, m)
+		g.selections = append(g.selections, 0)
+	} else {
+		g.offline = append(g.offline, m)
+	}
+	return true
+}
+
+func (g *group) remove(m *member) {
+	g.priorValid = false
+	if i := g.indexOf(g.members, m); i >= 0 {
+		g.members = append(g.members[:i], g.members[i+1:]...)
+		g.selections = append(g.selections[:i], g.selections[i+1:]...)
+	}
+	if i := g.indexOf(g.offline, m); i >= 0 {
+		g.offline = append(g.offline[:i], g.offline[i+1:]...)
+	}
+	if g.sticky == m {
+		g.sticky = nil
+	}
+	delete(g.totals, m.id)
+}
+
+func (g *group) setOnline(m *member, online bool) {
+	g.priorValid = false
+	if online {
+		if i := g.indexOf(g.offline, m); i >= 0 {
+			g.offline = append(g.offline[:i], g.offline[i+1:]...)
+			g.members = append(g.members, m)
+			g.selections = append(g.selections, 0)
+		}
+		return
+	}
+	if i := g.indexOf(g.members, m); i >= 0 {
+		g.totals[m.id] += g.selections[i]
+		g.members = append(g.members[:i], g.members[i+1:]...)
+		g.selections = append(g.selections[:i], g.selections[i+1:]...)
+		g.offline = append(g.offline, m)
+		if g.sticky == m {
+			g.sticky = nil
+		}
+	}
+}
+
+// random returns a pseudo-random number below n (n > 0).
+func (g *group) random(n int) int {
+	return int(splitmix(&g.rng) % uint64(n))
+}

@@ -1,0 +1,208 @@
+package scoring
+
+import "time"
+
+// Strategy picks the member of a shared group that receives a message.
+// Strategies are stateless values; per-group state lives in the group.
+// selectIndex is called with the engine locked, on a group with at least
+// one online member, and returns an index into its online members.
+type Strategy interface {
+	Name() string
+	selectIndex(e *Engine, g *group, msg Message, now time.Duration) int
+}
+
+var strategies = []Strategy{
+	adaptiveStrategy{},
+	thesisStrategy{},
+	roundRobinStrategy{},
+	randomStrategy{},
+	stickyStrategy{},
+	hashStrategy{name: "hash-clientid", key: func(m Message) string { return m.PublisherID }},
+	hashStrategy{name: "hash-topic", key: func(m Message) string { return m.Topic }},
+}
+
+// roundRobinStrategy hands members messages in turn.
+type roundRobinStrategy struct{}
+
+func (roundRobinStrategy) Name() string { return "round-robin" }
+
+func (roundRobinStrategy) selectIndex(_ *Engine, g *group, _ Message, _ time.Duration) int {
+	i := g.nextRoundRobin % len(g.members)
+	g.nextRoundRobin = i + 1
+	return i
+}
+
+// randomStrategy picks a member uniformly at random.
+type randomStrategy struct{}
+
+func (randomStrategy) Name() string { return "random" }
+
+func (randomStrategy) selectIndex(_ *Engine, g *group, _ Message, _ time.Duration) int {
+	return g.random(len(g.members))
+}
+
+// stickyStrategy keeps sending to one member until it leaves or goes
+// offline, then picks another at random.
+type stickyStrategy struct{}
+
+func (stickyStrategy) Name() string { return "sticky" }
+
+func (stickyStrategy) selectIndex(_ *Engine, g *group, _ Message, _ time.Duration) int {
+	if g.sticky != nil {
+		if i := g.indexOf(g.members, g.sticky); i >= 0 {
+			return i
+		}
+	}
+	i := g.random(len(g.members))
+	g.sticky = g.members[i]
+	return i
+}
+
+// hashStrategy sends every message with the same key (publisher client ID
+// or topic) to the same member while the membership does not change.
+type hashStrategy struct {
+	name string
+	key  func(Message) string
+}
+
+func (s hashStrategy) Name() string { return s.name }
+
+func (s hashStrategy) selectIndex(_ *Engine, g *group, msg Message, _ time.Duration) int {
+	return int(fnv1a(s.key(msg)) % uint64(len(g.members)))
+}
+
+func fnv1a(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// thesisStrategy is the score of algorithms.md §1.4, exactly:
+//
+//	t1 = now − t_s;  t2 = now − t_r
+//	back = max((m_q + m_s)·t_p − t2, 0);  score = t1 − back
+//
+// with the group's mean t_p standing in for members whose t_p is 0. The
+// highest score wins; with no backlog anywhere it is round robin.
+type thesisStrategy struct{}
+
+func (thesisStrategy) Name() string { return "thesis" }
+
+func (thesisStrategy) selectIndex(_ *Engine, g *group, _ Message, now time.Duration) int {
+	var sum time.Duration
+	var known int
+	for _, m := range g.members {
+		if tp := m.thesisProcessingTime(); tp > 0 {
+			sum += tp
+			known++
+		}
+	}
+	var groupMean time.Duration
+	if known > 0 {
+		groupMean = sum / time.Duration(known)
+	}
+	best, bestScore := 0, time.Duration(0)
+	for i, m := range g.members {
+		if score := thesisScore(m, now, groupMean); i == 0 || score > bestScore {
+			best, bestScore = i, score
+		}
+	}
+	return best
+}
+
+// thesisScore is the thesis's score of m at now.
+func thesisScore(m *member, now, groupMean time.Duration) time.Duration {
+	tp := m.thesisProcessingTime()
+	if tp == 0 {
+		tp = groupMean
+	}
+	t1 := now - m.lastSend
+	t2 := now - m.lastReport
+	back := time.Duration(m.reportedPending+m.sentSinceReport)*tp - t2
+	if back < 0 {
+		back = 0
+	}
+	return t1 - back
+}
+
+// adaptiveStrategy is LuffyMQ's own. It keeps, per member, a predicted time
+// at which the member can start a new message: every message sent adds the
+// member's estimated service time, every report re-anchors it to the
+// reported queue (plus what is still on the wire), and unacknowledged QoS≥1
+// deliveries are a floor on it. The member predicted to start the message
+// soonest wins; ties go to the one idle longest. Members that never
+// reported a processing time are assumed to need the group's median and,
+// while any other member is available, hold at most NewcomerCap messages
+// until their first measurement. Groups larger than 8 members compare a
+// random sample, so one selection stays O(1).
+type adaptiveStrategy struct{}
+
+func (adaptiveStrategy) Name() string { return "adaptive" }
+
+// maxSample bounds Config.SampleSize.
+const maxSample = 16
+
+func (adaptiveStrategy) selectIndex(e *Engine, g *group, _ Message, now time.Duration) int {
+	n := len(g.members)
+	if n == 1 {
+		return 0
+	}
+	prior := time.Duration(-1) // computed on first need
+	var candidates [maxSample]int
+	count := n
+	if n > exhaustiveLimit {
+		count = e.cfg.SampleSize
+		for i := 0; i < count; i++ {
+			candidates[i] = g.random(n)
+		}
+		// The round-robin pointer joins the sample so no member starves.
+		candidates[0] = g.nextRoundRobin % n
+		g.nextRoundRobin++
+	}
+	best := -1
+	var bestStart, bestFree time.Duration
+	var bestSent int
+	bestCapped := true
+	for k := 0; k < count; k++ {
+		i := k
+		if n > exhaustiveLimit {
+			i = candidates[k]
+		}
+		m := g.members[i]
+		svc := time.Duration(0)
+		if m.hasService() {
+			svc = m.service()
+		} else {
+			if prior < 0 {
+				prior = e.groupPrior(g, now)
+			}
+			svc = prior
+		}
+		start := m.predictedStart(now, svc)
+		capped := !m.hasService() && svc > 0 && m.assumedInFlight(now, start, svc) >= e.cfg.NewcomerCap
+		if best < 0 || better(capped, start, m.freeAt, m.sentSinceReport, bestCapped, bestStart, bestFree, bestSent) {
+			best, bestStart, bestFree, bestSent, bestCapped = i, start, m.freeAt, m.sentSinceReport, capped
+		}
+	}
+	return best
+}
+
+// better reports whether candidate a beats b: uncapped first, then the
+// earlier predicted start, then the one idle longest, then the one sent
+// fewer messages since its last report (so that, with nothing known, a burst
+// at one instant is spread instead of all going to the first member).
+func better(aCapped bool, aStart, aFree time.Duration, aSent int, bCapped bool, bStart, bFree time.Duration, bSent int) bool {
+	if aCapped != bCapped {
+		return !aCapped
+	}
+	if aStart != bStart {
+		return aStart < bStart
+	}
+	if aFree != bFree {
+		return aFree < bFree
+	}
+	return aSent < bSent
+}
