@@ -20,6 +20,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
 
+	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker/pingreq"
 	"github.com/luffymq/luffymq/clientsdk/report"
 	"github.com/luffymq/luffymq/hooks"
@@ -35,6 +36,7 @@ type Broker struct {
 	selection *hooks.SelectionHook
 	tlsConfig *tls.Config
 	authData  []byte
+	bridge    *bridge.Bridge
 
 	mu        sync.Mutex
 	started   bool
@@ -82,7 +84,7 @@ func New(cfg Config) (*Broker, error) {
 
 	b.server = mqtt.New(&mqtt.Options{
 		Logger:       cfg.Logger,
-		InlineClient: false,
+		InlineClient: cfg.AMQPURL != "", // the bridge injects remote messages through it
 	})
 	b.selection, err = hooks.NewSelectionHook(hooks.SelectionConfig{
 		Engine:         b.engine,
@@ -104,8 +106,26 @@ func New(cfg Config) (*Broker, error) {
 			return nil, fmt.Errorf("adding allow-all hook: %w", err)
 		}
 	}
+	if cfg.AMQPURL != "" {
+		b.bridge, err = bridge.New(bridge.Config{
+			Site:         cfg.Site,
+			AMQPURL:      cfg.AMQPURL,
+			Exports:      cfg.Exports,
+			ExportGroups: cfg.ExportGroups,
+			Logger:       cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		if err := b.bridge.Attach(b.server); err != nil {
+			return nil, err
+		}
+	}
 	return b, nil
 }
+
+// Bridge returns the site bridge, or nil when AMQPURL is empty.
+func (b *Broker) Bridge() *bridge.Bridge { return b.bridge }
 
 // Engine returns the selection engine (for status views and tests).
 func (b *Broker) Engine() *scoring.Engine { return b.engine }
@@ -177,6 +197,12 @@ func (b *Broker) Start() error {
 	if err := b.server.Serve(); err != nil {
 		return fmt.Errorf("starting mqtt server: %w", err)
 	}
+	if b.bridge != nil {
+		// Never fails for an unreachable RabbitMQ: the bridge retries.
+		if err := b.bridge.Start(context.Background()); err != nil {
+			return fmt.Errorf("starting bridge: %w", err)
+		}
+	}
 	b.started = true
 	b.log.Info("luffymq started", "mqtt", b.mqttAddrLocked(), "tls", b.cfg.TLSListen, "ws", b.cfg.WSListen,
 		"http", b.httpAddr, "strategy", b.cfg.Strategy, "report_interval", b.cfg.ReportInterval)
@@ -217,6 +243,9 @@ func (b *Broker) Close() error {
 		b.mu.Lock()
 		started := b.started
 		b.mu.Unlock()
+		if b.bridge != nil {
+			_ = b.bridge.Close() // before the server, so nothing is injected into a closed broker
+		}
 		if started {
 			err = b.server.Close()
 		}

@@ -38,6 +38,16 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock drives the selection engine (the system clock).
 	Clock scoring.Clock
+	// AMQPURL is this site's RabbitMQ node; set, it enables the site
+	// bridge (see package bridge). Empty runs a stand-alone broker.
+	AMQPURL string
+	// Site names this site for the bridge; required with AMQPURL.
+	Site string
+	// Exports are the MQTT filters shared with the other sites.
+	Exports []string
+	// ExportGroups are shared subscriptions ($share/<g>/<filter>) to serve
+	// as work queues across sites (not implemented yet).
+	ExportGroups []string
 }
 
 // ErrInvalidConfig is wrapped by every configuration error.
@@ -69,6 +79,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.TLSListen != "" && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
 		return c, fmt.Errorf("%w: tls-listen %s needs both tls-cert and tls-key", ErrInvalidConfig, c.TLSListen)
+	}
+	if c.AMQPURL == "" && (c.Site != "" || len(c.Exports) > 0 || len(c.ExportGroups) > 0) {
+		return c, fmt.Errorf("%w: site, export and export-group need amqp-url (the site's RabbitMQ node)", ErrInvalidConfig)
+	}
+	if c.AMQPURL != "" && c.Site == "" {
+		return c, fmt.Errorf("%w: amqp-url needs site (a name for this site, e.g. --site berlin)", ErrInvalidConfig)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

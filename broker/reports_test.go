@@ -31,6 +31,39 @@ func TestConnackAnnouncesReportInterval(t *testing.T) {
 	require.Equal(t, []string{"250"}, announced)
 }
 
+// TestUserPropertiesSurviveRequestProblemInfoZero: MQTT-3.1.2-29 lets
+// PUBLISH and CONNACK carry User Properties even when the client asked for
+// no problem information (paho asks so whenever CONNECT has properties).
+func TestUserPropertiesSurviveRequestProblemInfoZero(t *testing.T) {
+	b := startBroker(t, func(c *Config) { c.ReportInterval = 250 * time.Millisecond })
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	rc := &rawConn{t: t, conn: conn}
+	cp := connectPacket("c1", "", "")
+	zero := byte(0)
+	cp.Content.(*packets.Connect).Properties = &packets.Properties{RequestProblemInfo: &zero}
+	rc.write(cp)
+	ack := rc.read()
+	require.Equal(t, packets.CONNACK, ack.Type)
+	var announced string
+	for _, u := range ack.Content.(*packets.Connack).Properties.User {
+		if u.Key == report.ReportIntervalProperty {
+			announced = u.Value
+		}
+	}
+	require.Equal(t, "250", announced)
+
+	rc.subscribe("stamped", 0)
+	pub := packets.NewControlPacket(packets.PUBLISH)
+	p := pub.Content.(*packets.Publish)
+	p.Topic, p.Payload = "stamped", []byte("x")
+	p.Properties = &packets.Properties{User: []packets.User{{Key: "luffy-sent-at", Value: "123"}}}
+	rc.write(pub)
+	got := rc.read()
+	require.Equal(t, packets.PUBLISH, got.Type)
+	require.Equal(t, []packets.User{{Key: "luffy-sent-at", Value: "123"}}, got.Content.(*packets.Publish).Properties.User)
+}
+
 func TestExtendedPingreqReportIsApplied(t *testing.T) {
 	b := startBroker(t, nil)
 	conn, err := net.Dial("tcp", b.MQTTAddr())
@@ -210,4 +243,3 @@ func varint(n int) []byte {
 		}
 	}
 }
-

@@ -233,10 +233,22 @@ func (h *SelectionHook) applyReport(cl *mqtt.Client, payload []byte, via ReportC
 
 // OnPacketEncode announces the report interval in successful MQTT v5
 // CONNACKs as the User Property luffy-report-interval-ms.
+//
+// It also keeps User Properties on PUBLISH, CONNACK and DISCONNECT when the
+// client asked for no problem information: Mochi strips them from every
+// packet then, but MQTT-3.1.2-29 forbids them only on other packets, and
+// paho clients send Request Problem Information = 0 whenever CONNECT has
+// any property — they would lose the report interval and the properties of
+// every message.
 func (h *SelectionHook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode == packets.CodeSuccess.Code &&
-		cl.Properties.ProtocolVersion == 5 {
-		pk.Properties.User = append(pk.Properties.User, h.intervalProp)
+	switch pk.FixedHeader.Type {
+	case packets.Publish, packets.Disconnect:
+		pk.Mods.DisallowProblemInfo = false
+	case packets.Connack:
+		pk.Mods.DisallowProblemInfo = false
+		if pk.ReasonCode == packets.CodeSuccess.Code && cl.Properties.ProtocolVersion == 5 {
+			pk.Properties.User = append(pk.Properties.User, h.intervalProp)
+		}
 	}
 	return pk
 }

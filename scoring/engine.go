@@ -301,7 +301,7 @@ func (e *Engine) SelectMember(groupKey string, msg Message) (clientID string, ok
 	if !m.hasService() {
 		svc = e.groupPrior(g, now)
 	}
-	m.recordSend(now, m.predictedStart(now, svc), svc)
+	m.recordSend(now, m.predictedStart(now, svc, e.cfg.StaleAfter), svc)
 	return m.id, true
 }
 

@@ -138,9 +138,13 @@ func (m *member) serviceOr(prior time.Duration) time.Duration {
 	return prior
 }
 
+// maxOverdueGuess bounds the wait guessed for an overdue newcomer.
+const maxOverdueGuess = 24 * time.Hour
+
 // predictedStart is when the member could start a message handed to it now,
-// given the service time svc it is assumed to need per message.
-func (m *member) predictedStart(now, svc time.Duration) time.Duration {
+// given the service time svc it is assumed to need per message; a member
+// heard from within silentAfter is expected to report (Config.StaleAfter).
+func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Duration {
 	start := now
 	if m.freeAt > start {
 		start = m.freeAt
@@ -158,12 +162,20 @@ func (m *member) predictedStart(now, svc time.Duration) time.Duration {
 		// running.
 		busy := m.lastSend + svc
 		// LuffyMQ's SDK reports as soon as it has finished its first
-		// message (QoS≥1 acknowledgements say so too). A member still
-		// silent after its oldest unfinished message ran longer than the
-		// assumed svc is slower than that: guess it is halfway through that
-		// message, and that each of the others takes as long.
-		if elapsed := now - m.unconfirmedSince; svc > 0 && elapsed > svc {
-			if overdue := m.unconfirmedSince + time.Duration(m.unconfirmed)*2*elapsed; overdue > busy {
+		// message (QoS≥1 acknowledgements say so too). A reporting member
+		// still silent after its oldest unfinished message ran longer than
+		// the assumed svc is slower than that: guess it is halfway through
+		// that message, and that each of the others takes as long. One that
+		// does not report at all is left to the prior.
+		elapsed := now - m.unconfirmedSince
+		if svc > 0 && elapsed > svc && now-m.lastReport <= silentAfter {
+			// Started at unconfirmedSince, n messages of 2·elapsed each:
+			// (2n − 1)·elapsed from now, bounded.
+			wait := maxOverdueGuess
+			if n := time.Duration(2*m.unconfirmed - 1); elapsed < maxOverdueGuess/n {
+				wait = n * elapsed
+			}
+			if overdue := now + wait; overdue > busy {
 				busy = overdue
 			}
 		}

@@ -74,7 +74,7 @@ func (e *Engine) memberSnapshot(m *member, selections uint64, now, prior time.Du
 		ServiceEstimate: m.service(),
 		Workers:         m.workers,
 		InFlight:        m.inflight,
-		PredictedWait:   m.predictedStart(now, svc) - now,
+		PredictedWait:   m.predictedStart(now, svc, e.cfg.StaleAfter) - now,
 		Reports:         m.reports,
 		LastReportAge:   now - m.lastReport,
 	}

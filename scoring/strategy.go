@@ -133,11 +133,14 @@ func thesisScore(m *member, now, groupMean time.Duration) time.Duration {
 // member's estimated service time, every report re-anchors it to the
 // reported queue (plus what is still on the wire), and unacknowledged QoS≥1
 // deliveries are a floor on it. The member predicted to start the message
-// soonest wins; ties go to the one idle longest. Members that never
-// reported a processing time are assumed to need the group's median and,
-// while any other member is available, hold at most NewcomerCap messages
-// until their first measurement. Groups larger than 8 members compare a
-// random sample, so one selection stays O(1).
+// soonest wins; ties go to the one idle longest, then to the one sent the
+// fewest messages since its last report. Members that never reported a
+// processing time are assumed to need the group's median and, while any
+// other member is available, hold at most NewcomerCap messages until their
+// first measurement; one still silent after its oldest message ran longer
+// than that median is taken to be slower (halfway through that message).
+// Groups larger than 8 members compare a random sample, so one selection
+// stays O(1).
 type adaptiveStrategy struct{}
 
 func (adaptiveStrategy) Name() string { return "adaptive" }
@@ -181,7 +184,7 @@ func (adaptiveStrategy) selectIndex(e *Engine, g *group, _ Message, now time.Dur
 			}
 			svc = prior
 		}
-		start := m.predictedStart(now, svc)
+		start := m.predictedStart(now, svc, e.cfg.StaleAfter)
 		capped := !m.hasService() && svc > 0 && m.assumedInFlight(now, start, svc) >= e.cfg.NewcomerCap
 		if best < 0 || better(capped, start, m.freeAt, m.sentSinceReport, bestCapped, bestStart, bestFree, bestSent) {
 			best, bestStart, bestFree, bestSent, bestCapped = i, start, m.freeAt, m.sentSinceReport, capped

@@ -201,11 +201,24 @@ func (c *Conn) filter(p []byte, r, end int) int {
 				c.held[0] = b
 				c.nheld = 1
 				c.st = stPingLen
-			} else {
-				w = c.pass(p, w, r, 1)
-				c.st = stLen
+				r++
+				continue
 			}
+			// Fast path: the whole remaining length is in this read, so
+			// pass the header and as much of the body as there is at once.
+			if v, k, ok := wholeLength(p[r+1 : end]); ok {
+				h := 1 + k
+				n := h + min(v, end-r-h)
+				w = c.pass(p, w, r, n)
+				r += n
+				if c.left = v - (n - h); c.left > 0 {
+					c.st = stBody
+				}
+				continue
+			}
+			w = c.pass(p, w, r, 1)
 			r++
+			c.st = stLen
 		case stLen:
 			b := p[r]
 			w = c.pass(p, w, r, 1)
@@ -226,6 +239,7 @@ func (c *Conn) filter(p []byte, r, end int) int {
 			switch {
 			case bad:
 				// Give Mochi the bytes as they came; it ends the stream.
+				w = c.emit(p, w, r, end, c.held[:c.nheld]...)
 				w = c.emit(p, w, r, end, b)
 				c.st = stPassthrough
 			case !done:
@@ -257,6 +271,18 @@ func (c *Conn) filter(p []byte, r, end int) int {
 		}
 	}
 	return w
+}
+
+// wholeLength decodes the remaining length at the start of b. ok is false
+// if b ends inside it or it is malformed.
+func wholeLength(b []byte) (val, n int, ok bool) {
+	for i := 0; i < len(b) && i < 4; i++ {
+		val |= int(b[i]&0x7F) << (7 * i)
+		if b[i]&0x80 == 0 {
+			return val, i + 1, true
+		}
+	}
+	return 0, 0, false
 }
 
 // lengthByte adds b to the remaining length being decoded. done reports

@@ -1,0 +1,115 @@
+package clientsdk
+
+import "time"
+
+// minJumpReportGap is the shortest time between a report and a report sent
+// because the pending count jumped.
+const minJumpReportGap = 100 * time.Millisecond
+
+// reportReason says why a report is sent.
+type reportReason int
+
+const (
+	reasonNone reportReason = iota
+	// reasonConnected: first report on a new connection, sent at once when
+	// the SDK already knows its processing time (a reconnection).
+	reasonConnected
+	// reasonFirstMeasurement: a handler finished and no report on this
+	// connection carried a processing time yet.
+	reasonFirstMeasurement
+	// reasonPendingJump: the pending count changed sharply.
+	reasonPendingJump
+	// reasonPeriodic: the report interval elapsed.
+	reasonPeriodic
+)
+
+func (r reportReason) String() string {
+	switch r {
+	case reasonConnected:
+		return "connected"
+	case reasonFirstMeasurement:
+		return "first-measurement"
+	case reasonPendingJump:
+		return "pending-jump"
+	case reasonPeriodic:
+		return "periodic"
+	}
+	return "none"
+}
+
+// loadSignal is the part of the Subscriber's state that decides when to
+// report.
+type loadSignal struct {
+	pending             int
+	finishedSinceReport int  // handlers finished since the last report
+	meanKnown           bool // a processing time has ever been measured
+}
+
+// reportSchedule decides when the next load report is due on one
+// connection. It holds no clock: every call gets the time.
+type reportSchedule struct {
+	interval    time.Duration
+	connectedAt time.Time
+	lastReport  time.Time // zero before the first report on this connection
+	lastPending int       // pending count in the last report
+	ptReported  bool      // a report on this connection carried a processing time
+}
+
+func newReportSchedule(now time.Time, interval time.Duration) *reportSchedule {
+	return &reportSchedule{interval: interval, connectedAt: now}
+}
+
+// next returns why a report is due at now, or reasonNone and the time at
+// which the schedule must be consulted again (later signals may bring it
+// forward).
+func (s *reportSchedule) next(now time.Time, l loadSignal) (reportReason, time.Time) {
+	if !s.ptReported && l.finishedSinceReport > 0 {
+		return reasonFirstMeasurement, now
+	}
+	if s.lastReport.IsZero() && l.meanKnown {
+		return reasonConnected, now
+	}
+	base := s.lastReport
+	if base.IsZero() {
+		base = s.connectedAt
+	}
+	periodic := base.Add(s.interval)
+	if !now.Before(periodic) {
+		return reasonPeriodic, now
+	}
+	if pendingJumped(s.lastPending, l.pending) {
+		at := now
+		if !s.lastReport.IsZero() {
+			if earliest := s.lastReport.Add(minJumpReportGap); earliest.After(at) {
+				at = earliest
+			}
+		}
+		if !now.Before(at) {
+			return reasonPendingJump, now
+		}
+		if at.Before(periodic) {
+			return reasonNone, at
+		}
+	}
+	return reasonNone, periodic
+}
+
+// sent records a report sent at now.
+func (s *reportSchedule) sent(now time.Time, pending int, carriedProcessingTime bool) {
+	s.lastReport = now
+	s.lastPending = pending
+	if carriedProcessingTime {
+		s.ptReported = true
+	}
+}
+
+// pendingJumped says whether the pending count moved from last to now by at
+// least max(2, half of last): enough for the broker's picture to be wrong.
+func pendingJumped(last, now int) bool {
+	d := now - last
+	if d < 0 {
+		d = -d
+	}
+	threshold := max(2, (last+1)/2)
+	return d >= threshold
+}

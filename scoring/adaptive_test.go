@@ -1,0 +1,474 @@
+package scoring_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/scoring"
+)
+
+var adaptive = scoring.Config{Strategy: "adaptive"}
+
+// busy is a report of a member with a known service time that cannot start
+// anything new for backlog.
+func busy(service, backlog time.Duration) scoring.Load {
+	return scoring.Load{ProcessingTime: service, Backlog: backlog, HasBacklog: true}
+}
+
+func TestAdaptivePicksEarliestPredictedStart(t *testing.T) {
+	f := newFixture(t, adaptive, "a", "b", "c")
+	f.report("a", busy(ms(10), ms(30)))
+	f.report("b", busy(ms(10), ms(5)))
+	f.report("c", busy(ms(10), ms(20)))
+	// b starts at 5, then 15 (+10); c at 20; b at 25 ... a first at 30.
+	require.Equal(t, []string{"b", "b", "c", "b", "a"}, f.selN(5, 0))
+	require.Equal(t, ms(35), f.wait("b")) // 5 + 3·10
+	require.Equal(t, ms(30), f.wait("c"))
+	require.Equal(t, ms(40), f.wait("a"))
+}
+
+// TestAdaptiveNewcomer: a member that never reported a processing time is
+// assumed to need the group's median service time, and holds at most
+// NewcomerCap messages while others are available.
+func TestAdaptiveNewcomer(t *testing.T) {
+	tests := []struct {
+		cap  int
+		want []string
+	}{
+		// The known members can start only at 100 ms; the newcomer n at 0,
+		// then 20, 40 (median 20 ms each) until it is capped.
+		{1, []string{"n", "a", "b"}},
+		{2, []string{"n", "n", "a"}},
+		{3, []string{"n", "n", "n"}},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("cap %d", tt.cap), func(t *testing.T) {
+			f := newFixture(t, scoring.Config{Strategy: "adaptive", NewcomerCap: tt.cap}, "a", "b", "c", "n")
+			f.report("a", busy(ms(10), ms(100)))
+			f.report("b", busy(ms(20), ms(100)))
+			f.report("c", busy(ms(60), ms(100)))
+			require.Zero(t, f.wait("n"))
+			require.Equal(t, tt.want, f.selN(3, 0))
+			require.Zero(t, f.member("n").ServiceEstimate)
+		})
+	}
+	t.Run("median prior", func(t *testing.T) {
+		f := newFixture(t, adaptive, "a", "b", "c", "n")
+		f.report("a", busy(ms(10), ms(100)))
+		f.report("b", busy(ms(20), ms(100)))
+		f.report("c", busy(ms(60), ms(100)))
+		require.Equal(t, "n", f.sel())
+		// Median of 10, 20, 60 (not the mean, 30).
+		require.Equal(t, ms(20), f.wait("n"))
+		require.Equal(t, "n", f.sel())
+		require.Equal(t, ms(40), f.wait("n"))
+		// 10 ms later it still holds two messages (one half done): capped,
+		// though it would start sooner than anyone.
+		f.advance(ms(10))
+		require.Equal(t, ms(30), f.wait("n"))
+		require.NotEqual(t, "n", f.sel())
+		// Once the first is due to have finished it holds one: uncapped.
+		f.advance(ms(10))
+		require.Equal(t, "n", f.sel())
+	})
+	t.Run("first measurement ends the newcomer phase", func(t *testing.T) {
+		f := newFixture(t, adaptive, "a", "n")
+		f.report("a", busy(ms(20), ms(100)))
+		require.Equal(t, []string{"n", "n", "a"}, f.selN(3, 0))
+		f.advance(ms(5))
+		f.report("n", scoring.Load{ProcessingTime: ms(5)})
+		require.Equal(t, ms(5), f.member("n").ServiceEstimate)
+		require.Equal(t, []string{"n", "n", "n", "n"}, f.selN(4, 0))
+	})
+}
+
+// TestAdaptiveOverdueNewcomer: LuffyMQ's SDK reports right after its first
+// processed message, so a newcomer silent for longer than the service time
+// it was assumed to need is slower than that.
+func TestAdaptiveOverdueNewcomer(t *testing.T) {
+	f := newFixture(t, adaptive, "a", "n")
+	f.report("a", busy(ms(25), ms(50)))
+	require.Equal(t, "n", f.sel()) // at 0; assumed 25 ms (a's)
+	waits := []struct {
+		at   time.Duration
+		want time.Duration
+	}{
+		{0, ms(25)},
+		{ms(20), ms(5)},
+		{ms(25), 0},      // due now
+		{ms(30), ms(30)}, // 5 ms overdue: guessed halfway through a 60 ms message
+		{ms(40), ms(40)},
+	}
+	var now time.Duration
+	for _, w := range waits {
+		f.advance(w.at - now)
+		now = w.at
+		require.Equal(t, w.want, f.wait("n"), "at %v", w.at)
+	}
+	// a can start at 50, n is guessed at 80: a.
+	require.Equal(t, "a", f.sel())
+	// Its report ends the guess.
+	f.report("n", scoring.Load{ProcessingTime: ms(40)})
+	require.Zero(t, f.wait("n"))
+	require.Equal(t, "n", f.sel())
+}
+
+func TestAdaptiveNewcomerAcknowledgementsEndTheGuess(t *testing.T) {
+	f := newFixture(t, adaptive, "a", "n")
+	f.report("a", busy(ms(25), ms(50)))
+	require.Equal(t, "n", f.sel())
+	f.e.InFlightStarted("n")
+	f.advance(ms(40))
+	require.Equal(t, ms(40), f.wait("n")) // overdue
+	f.e.InFlightAcknowledged("n")         // it finished: nothing left
+	require.Zero(t, f.wait("n"))
+	require.Equal(t, "n", f.sel())
+}
+
+func TestAdaptiveZeroProcessingTimeKeepsEstimate(t *testing.T) {
+	f := newFixture(t, adaptive, "a")
+	f.report("a", scoring.Load{ProcessingTime: ms(30)})
+	f.report("a", scoring.Load{ProcessingTime: 0, Pending: 2})
+	m := f.member("a")
+	require.Equal(t, ms(30), m.ServiceEstimate)
+	require.Equal(t, ms(15), m.ProcessingTime, "the thesis's t_p does count the zero")
+	// Backlog uses the kept estimate: 2·30 + 30/2 for the running one.
+	require.Equal(t, ms(75), m.PredictedWait)
+	require.Equal(t, 2, m.ReportedPending)
+}
+
+// TestAdaptiveStaleMembersLeaveThePrior: a member silent for longer than
+// StaleAfter no longer counts in the median a newcomer is assumed to need.
+func TestAdaptiveStaleMembersLeaveThePrior(t *testing.T) {
+	tests := []struct {
+		name      string
+		joinAt    time.Duration
+		wantStale bool
+		wantPrior time.Duration
+	}{
+		// Median of 10 and 100 is the upper one, 100.
+		{"fresh", ms(300), false, ms(100)},
+		{"stale", ms(300) + 1, true, ms(10)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, scoring.Config{Strategy: "adaptive", ReportInterval: ms(100)}, "slow", "fast")
+			require.Equal(t, ms(300), f.e.Config().StaleAfter, "default: 3 report intervals")
+			f.report("slow", busy(ms(100), time.Hour))
+			f.report("fast", busy(ms(10), time.Hour))
+			f.advance(ms(300))
+			f.report("fast", busy(ms(10), time.Hour))
+			f.advance(tt.joinAt - ms(300))
+			f.add("n")
+			require.Equal(t, tt.wantStale, f.member("slow").Stale)
+			require.Equal(t, tt.joinAt, f.member("slow").LastReportAge)
+			require.False(t, f.member("fast").Stale)
+			require.False(t, f.member("n").Stale, "never reported: not stale")
+			require.Equal(t, "n", f.sel())
+			require.Equal(t, tt.wantPrior, f.wait("n"))
+		})
+	}
+	t.Run("a report makes it fresh again", func(t *testing.T) {
+		f := newFixture(t, scoring.Config{Strategy: "adaptive", StaleAfter: ms(50)}, "a")
+		f.report("a", scoring.Load{ProcessingTime: ms(10)})
+		f.advance(ms(51))
+		require.True(t, f.member("a").Stale)
+		f.report("a", scoring.Load{})
+		require.False(t, f.member("a").Stale)
+	})
+}
+
+func TestAdaptiveQoSInFlight(t *testing.T) {
+	f := newFixture(t, adaptive, "a", "b")
+	f.report("a", scoring.Load{ProcessingTime: ms(10)})
+	f.report("b", scoring.Load{ProcessingTime: ms(10)})
+	for i := 0; i < 4; i++ {
+		f.e.InFlightStarted("a")
+	}
+	// Four unacknowledged at one worker: three queued behind the running one.
+	require.Equal(t, 4, f.member("a").InFlight)
+	require.Equal(t, ms(30), f.wait("a"))
+	require.Equal(t, "b", f.sel())
+
+	// Acknowledgement after processing: the next one starts now, the
+	// prediction re-anchors to the three left.
+	f.advance(ms(5))
+	f.e.InFlightAcknowledged("a")
+	require.Equal(t, 3, f.member("a").InFlight)
+	require.Equal(t, ms(30), f.wait("a"))
+	for i := 0; i < 3; i++ {
+		f.e.InFlightAcknowledged("a")
+	}
+	require.Zero(t, f.member("a").InFlight)
+	require.Zero(t, f.wait("a"))
+	f.e.InFlightAcknowledged("a") // nothing in flight: ignored
+	require.Zero(t, f.member("a").InFlight)
+
+	f.e.InFlightStarted("a")
+	f.e.InFlightStarted("a")
+	f.e.InFlightDropped("a")
+	require.Equal(t, 1, f.member("a").InFlight)
+	f.e.SetInFlight("a", 7)
+	require.Equal(t, 7, f.member("a").InFlight)
+	require.Equal(t, ms(60), f.wait("a"))
+	f.e.SetInFlight("a", -1) // ignored
+	require.Equal(t, 7, f.member("a").InFlight)
+}
+
+// TestAdaptiveReceiptAcks: a client that reports more pending than it has
+// unacknowledged acknowledges on receipt, so its acks say nothing about
+// when it is free.
+func TestAdaptiveReceiptAcks(t *testing.T) {
+	f := newFixture(t, adaptive, "a")
+	f.report("a", scoring.Load{ProcessingTime: ms(10)})
+	f.e.InFlightStarted("a")
+	f.e.InFlightStarted("a")
+	f.report("a", scoring.Load{ProcessingTime: ms(10), Pending: 5, InProgress: 1})
+	require.Equal(t, ms(55), f.wait("a")) // 5·10 + 10/2
+	f.advance(ms(5))
+	f.e.InFlightAcknowledged("a")
+	require.Equal(t, 1, f.member("a").InFlight)
+	require.Equal(t, ms(50), f.wait("a"), "not re-anchored")
+}
+
+func TestAdaptiveReportBacklog(t *testing.T) {
+	tests := []struct {
+		name string
+		load scoring.Load
+		sent int // messages selected for it before the report
+		want time.Duration
+	}{
+		{"idle", scoring.Load{}, 0, 0},
+		{"running one", scoring.Load{InProgress: 1}, 0, ms(5)},
+		{"queue", scoring.Load{Pending: 10, InProgress: 1}, 0, ms(105)},
+		{"backlogMs honoured", scoring.Load{Pending: 10, InProgress: 1, Backlog: ms(7), HasBacklog: true}, 0, ms(7)},
+		{"backlogMs zero honoured", scoring.Load{Pending: 10, HasBacklog: true}, 0, 0},
+		{"received: none on the wire", scoring.Load{Received: 3, HasReceived: true}, 3, 0},
+		{"received: two on the wire", scoring.Load{Received: 1, HasReceived: true}, 3, ms(20)},
+		{"received: all on the wire", scoring.Load{Received: 0, HasReceived: true}, 3, ms(30)},
+		{"received: more than sent", scoring.Load{Received: 5, HasReceived: true}, 3, 0},
+		{"received absent", scoring.Load{Received: 0}, 3, 0},
+		{"received with backlogMs", scoring.Load{Received: 2, HasReceived: true, Backlog: ms(7), HasBacklog: true}, 3, ms(17)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, adaptive, "a")
+			f.report("a", scoring.Load{ProcessingTime: ms(10)})
+			for i := 0; i < tt.sent; i++ {
+				require.Equal(t, "a", f.sel())
+			}
+			l := tt.load
+			l.ProcessingTime = ms(10)
+			f.report("a", l)
+			require.Equal(t, tt.want, f.wait("a"))
+		})
+	}
+}
+
+func TestAdaptiveWorkers(t *testing.T) {
+	f := newFixture(t, adaptive, "a")
+	f.report("a", scoring.Load{Workers: 4, ProcessingTime: ms(100), Pending: 8})
+	m := f.member("a")
+	require.Equal(t, 4, m.Workers)
+	require.Equal(t, ms(25), m.ServiceEstimate)
+	require.Equal(t, ms(212.5), m.PredictedWait) // 8·25 + 25/2
+
+	f.report("a", scoring.Load{ProcessingTime: ms(100)}) // Workers 0 keeps 4
+	require.Equal(t, 4, f.member("a").Workers)
+	for i := 0; i < 6; i++ {
+		f.e.InFlightStarted("a")
+	}
+	require.Equal(t, ms(50), f.wait("a")) // 6 in flight, 4 running: 2·25
+
+	// Four workers at 100 ms outrun one at 40 ms: a gets 4 of the first 6.
+	g := newFixture(t, adaptive, "a", "b")
+	g.report("a", scoring.Load{Workers: 4, ProcessingTime: ms(100)})
+	g.report("b", scoring.Load{ProcessingTime: ms(40)})
+	require.Equal(t, []string{"a", "b", "a", "b", "a", "a"}, g.selN(6, 0))
+}
+
+func TestAdaptiveTiesGoToLongestIdle(t *testing.T) {
+	tests := []struct {
+		first, second string
+	}{
+		{"a", "b"},
+		{"b", "a"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.first+" idle longer", func(t *testing.T) {
+			f := newFixture(t, adaptive, "a", "b")
+			f.report(tt.first, scoring.Load{ProcessingTime: ms(10)})
+			f.advance(ms(5))
+			f.report(tt.second, scoring.Load{ProcessingTime: ms(10)})
+			f.advance(ms(20)) // both idle: same predicted start, now
+			require.Equal(t, tt.first, f.sel())
+			require.Equal(t, tt.second, f.sel())
+		})
+	}
+	t.Run("burst with nothing known is spread", func(t *testing.T) {
+		f := newFixture(t, adaptive, "a", "b", "c")
+		require.Equal(t, []string{"a", "b", "c", "a", "b", "c"}, f.selN(6, 0))
+	})
+	t.Run("nothing known is round robin", func(t *testing.T) {
+		f := newFixture(t, adaptive, "a", "b", "c")
+		require.Equal(t, []string{"a", "b", "c", "a", "b", "c"}, f.selN(6, ms(10)))
+	})
+}
+
+// TestAdaptiveSamplesLargeGroups: up to 8 members every one is compared;
+// above, a sample is, so an always-idle member does not get everything.
+func TestAdaptiveSamplesLargeGroups(t *testing.T) {
+	tests := []struct {
+		members int
+		sampled bool
+	}{
+		{8, false},
+		{9, true},
+		{50, true},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%d members", tt.members), func(t *testing.T) {
+			f := newFixture(t, adaptive)
+			for i := 0; i < tt.members-1; i++ {
+				id := fmt.Sprintf("busy%02d", i)
+				f.add(id)
+				f.report(id, busy(ms(10), time.Hour))
+			}
+			f.add("idle")
+			const n = 200
+			got := 0
+			for i := 0; i < n; i++ {
+				f.report("idle", scoring.Load{ProcessingTime: ms(10)}) // idle again
+				if f.sel() == "idle" {
+					got++
+				}
+			}
+			if !tt.sampled {
+				require.Equal(t, n, got)
+				return
+			}
+			require.Less(t, got, n)
+			require.Greater(t, got, 0)
+		})
+	}
+}
+
+func TestAdaptiveLargeGroupsReachEveryMember(t *testing.T) {
+	tests := []struct {
+		members int
+		known   bool
+	}{
+		{9, false},
+		{20, false},
+		{100, false},
+		{20, true},
+		{100, true},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%d members, known %v", tt.members, tt.known), func(t *testing.T) {
+			f := newFixture(t, adaptive)
+			for i := 0; i < tt.members; i++ {
+				id := fmt.Sprintf("m%03d", i)
+				f.add(id)
+				if tt.known {
+					f.report(id, scoring.Load{ProcessingTime: ms(1)})
+				}
+			}
+			// Arrivals slower than any member's service: everyone is idle.
+			counts := countOf(f.selN(10*tt.members, ms(2)))
+			require.Len(t, counts, tt.members, "every member is reached")
+		})
+	}
+}
+
+// TestAdaptivePriorFollowsChanges: the newcomer's assumed service time (the
+// group's median) follows reports, membership and staleness at once.
+func TestAdaptivePriorFollowsChanges(t *testing.T) {
+	f := newFixture(t, scoring.Config{Strategy: "adaptive", StaleAfter: time.Hour}, "a", "b", "c", "n")
+	f.report("a", busy(ms(5), time.Hour))
+	f.report("b", busy(ms(5), time.Hour))
+	f.report("c", busy(ms(60), time.Hour))
+	require.Equal(t, "n", f.sel()) // booked as busy until 5 ms
+	require.Equal(t, ms(5), f.wait("n"))
+
+	steps := []struct {
+		name   string
+		change func()
+		want   time.Duration
+	}{
+		{"b reports 95: estimates 5, 50, 60", func() { f.report("b", busy(ms(95), time.Hour)) }, ms(50)},
+		{"a leaves: 50, 60 (upper median)", func() { f.e.Leave(testGroup, "a") }, ms(60)},
+		{"a joins again: 5, 50, 60", func() { f.e.Join(testGroup, "a") }, ms(50)},
+		{"b's session restarts: 5, 60", func() { f.e.Connect("b") }, ms(60)},
+		{"c goes offline: 5", func() { f.e.Disconnect("c", false) }, ms(5)},
+		{"c is back with a fresh session: 5", func() { f.e.Connect("c") }, ms(5)},
+		{"c reports 7: 5, 7", func() { f.report("c", busy(ms(7), time.Hour)) }, ms(7)},
+	}
+	for _, st := range steps {
+		st.change()
+		require.Equal(t, st.want, f.wait("n"), st.name)
+	}
+
+	t.Run("staleness", func(t *testing.T) {
+		f := newFixture(t, scoring.Config{Strategy: "adaptive", StaleAfter: ms(300)}, "a", "b", "c", "n")
+		f.report("a", busy(ms(10), time.Hour))
+		f.report("b", busy(ms(20), time.Hour))
+		f.report("c", busy(ms(100), time.Hour))
+		f.advance(ms(300))
+		f.report("a", busy(ms(10), time.Hour))
+		f.report("c", busy(ms(100), time.Hour))
+		require.Equal(t, "n", f.sel())
+		require.Equal(t, ms(20), f.wait("n")) // median of 10, 20, 100
+		f.advance(1)                          // b turns stale: 10, 100
+		require.Equal(t, ms(100)-1, f.wait("n"))
+	})
+}
+
+// TestAdaptiveSamplingConsidersEveryMember: in a sampled group every member
+// is compared at least once every len(group) selections, so one that would
+// win whenever compared never waits longer than that.
+func TestAdaptiveSamplingConsidersEveryMember(t *testing.T) {
+	const members = 100
+	f := newFixture(t, adaptive)
+	for i := 0; i < members-1; i++ {
+		id := fmt.Sprintf("busy%02d", i)
+		f.add(id)
+		f.report(id, busy(ms(10), time.Hour))
+	}
+	f.add("star")
+	f.report("star", scoring.Load{ProcessingTime: ms(1)})
+	gap, maxGap, hits := 0, 0, 0
+	for i := 0; i < 50*members; i++ {
+		gap++
+		if f.sel() == "star" {
+			hits++
+			maxGap = max(maxGap, gap)
+			gap = 0
+			f.report("star", scoring.Load{ProcessingTime: ms(1)}) // idle again
+		}
+	}
+	require.Greater(t, hits, 50)
+	require.LessOrEqual(t, maxGap, members)
+}
+
+// TestAdaptiveSilentNewcomer: a member that never reports (a plain MQTT
+// client) is only guessed overdue while it could still be expected to
+// report; after StaleAfter it is fed as if it needed the group's median.
+func TestAdaptiveSilentNewcomer(t *testing.T) {
+	f := newFixture(t, scoring.Config{Strategy: "adaptive", StaleAfter: ms(300)}, "a", "n")
+	f.report("a", busy(ms(25), ms(50)))
+	require.Equal(t, "n", f.sel())
+	f.advance(ms(30))
+	require.Equal(t, ms(30), f.wait("n"), "overdue")
+	f.advance(ms(270)) // 300 ms since n connected: still expected to report
+	f.report("a", busy(ms(25), time.Hour))
+	require.Equal(t, ms(300), f.wait("n"))
+	f.advance(1)
+	require.Zero(t, f.wait("n"), "silent: back to the prior")
+	require.Equal(t, []string{"n", "n"}, f.selN(2, 0))
+	require.NotEqual(t, "n", f.sel(), "capped at two")
+	require.Equal(t, ms(50), f.wait("n"))
+}

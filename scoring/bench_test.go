@@ -1,0 +1,102 @@
+package scoring_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/scoring"
+)
+
+var benchSizes = []int{3, 100, 1000}
+
+// benchEngine returns an engine whose group testGroup has size members; two
+// in three reported a processing time (1–5 ms), the others are newcomers.
+// msgs vary the publisher and the topic for the hash strategies.
+func benchEngine(tb testing.TB, strategy string, size int) (*scoring.Engine, *scoring.ManualClock, []scoring.Message) {
+	tb.Helper()
+	clock := scoring.NewManualClock(testEpoch)
+	e, err := scoring.NewEngine(scoring.Config{Strategy: strategy, Clock: clock})
+	require.NoError(tb, err)
+	for i := 0; i < size; i++ {
+		id := fmt.Sprintf("member-%04d", i)
+		e.Connect(id)
+		e.Join(testGroup, id)
+		if i%3 != 2 {
+			e.Report(id, scoring.Load{Pending: i % 4, ProcessingTime: time.Duration(1+i%5) * time.Millisecond})
+		}
+	}
+	msgs := make([]scoring.Message, 256)
+	for i := range msgs {
+		msgs[i] = scoring.Message{PublisherID: fmt.Sprintf("sensor-%d", i), Topic: fmt.Sprintf("site/%d/temp", i%17)}
+	}
+	return e, clock, msgs
+}
+
+func BenchmarkSelectMember(b *testing.B) {
+	for _, strategy := range scoring.Strategies() {
+		for _, size := range benchSizes {
+			b.Run(fmt.Sprintf("%s/%d", strategy, size), func(b *testing.B) {
+				e, clock, msgs := benchEngine(b, strategy, size)
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					clock.Advance(10 * time.Microsecond)
+					if _, ok := e.SelectMember(testGroup, msgs[i%len(msgs)]); !ok {
+						b.Fatal("no member selected")
+					}
+					i++
+				}
+			})
+		}
+	}
+}
+
+// TestSelectMemberDoesNotAllocate measures every selection on its own:
+// testing.AllocsPerRun divides by the number of runs with integer division,
+// so an allocation on one selection in many would hide in an average.
+func TestSelectMemberDoesNotAllocate(t *testing.T) {
+	if testing.CoverMode() != "" {
+		t.Skip("coverage instrumentation may allocate")
+	}
+	check := func(t *testing.T, e *scoring.Engine, clock *scoring.ManualClock, msgs []scoring.Message, between func(i int)) {
+		t.Helper()
+		for i := 0; i < 300; i++ {
+			between(i)
+			msg := msgs[i%len(msgs)]
+			allocs := testing.AllocsPerRun(1, func() {
+				clock.Advance(10 * time.Microsecond)
+				if _, ok := e.SelectMember(testGroup, msg); !ok {
+					t.Fatal("no member selected")
+				}
+			})
+			require.Zero(t, allocs, "selection %d", i)
+		}
+	}
+	for _, strategy := range scoring.Strategies() {
+		for _, size := range benchSizes {
+			t.Run(fmt.Sprintf("%s/%d", strategy, size), func(t *testing.T) {
+				e, clock, msgs := benchEngine(t, strategy, size)
+				ids := make([]string, size)
+				for i := range ids {
+					ids[i] = fmt.Sprintf("member-%04d", i)
+				}
+				check(t, e, clock, msgs, func(i int) {
+					if i%10 == 0 { // keep the load state moving, newcomers included
+						e.Report(ids[(i*7)%size], scoring.Load{Pending: i % 3, ProcessingTime: time.Duration(i%2) * time.Millisecond})
+						e.InFlightStarted(ids[i%size])
+					}
+				})
+			})
+		}
+	}
+	t.Run("all offline", func(t *testing.T) {
+		e, clock, msgs := benchEngine(t, "adaptive", 3)
+		for i := 0; i < 3; i++ {
+			e.Disconnect(fmt.Sprintf("member-%04d", i), false)
+		}
+		check(t, e, clock, msgs, func(int) {})
+	})
+}

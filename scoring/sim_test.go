@@ -1,0 +1,572 @@
+package scoring_test
+
+import (
+	"container/heap"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/scoring"
+)
+
+// This file is a deterministic discrete-event simulation of the scenarios
+// of scenarios.md §A (thesis-1 and thesis-2; step, join and poisson too),
+// driven through the Engine with a ManualClock:
+//
+//   - the members connect at t = 0 (unless said); one publisher sends a
+//     message every 10 ms for 15 s from t = 300 ms (so a client reporting
+//     only on its 1 s timer leaves the broker blind for the first 700 ms, as
+//     in the doc);
+//   - every member puts what it receives in a FIFO and one worker takes the
+//     messages out; service is drift-free: a message that was waiting starts
+//     exactly when the previous one ended;
+//   - members report like the SDK (see reportsSDK); the SDK's own t_p, used
+//     in backlogMs, is the mean since its last report (or the last one);
+//   - broker↔member transfers take `wire` one way (0 unless said);
+//   - latency = dequeue time − publish time, as in the thesis;
+//   - the run drains: it ends when every sent message has been dequeued.
+//
+// Events at the same instant run in this order: a worker finishing (and
+// taking its next message), a message arriving at a member, a report or an
+// acknowledgement arriving at the broker, report timers, the publish.
+
+const (
+	simGroup        = "$share/g/sensors"
+	simPublishEvery = 10 * time.Millisecond
+	simMessages     = 1500 // 15 s
+	simPublishStart = 300 * time.Millisecond
+	simReportEvery  = time.Second
+	simMinGap       = 100 * time.Millisecond // rate limit of pending-change reports
+)
+
+// simReporting says when a simulated member reports.
+type simReporting int
+
+const (
+	// reportsSDK: like LuffyMQ's SDK: right after the first processed
+	// message, every 1 s, and on a pending jump of ≥ max(2, 50 %)
+	// (at most every 100 ms).
+	reportsSDK simReporting = iota
+	// reportsTimer: only on the 1 s timer.
+	reportsTimer
+)
+
+type simScenario struct {
+	name     string
+	services []time.Duration
+	// Optional: how many messages (default simMessages), the gap before
+	// each (default simPublishEvery), when each member connects (default
+	// 0), and one member's service time changing at stepAt.
+	messages    int
+	gap         func(r *rand.Rand) time.Duration
+	joinAt      []time.Duration
+	stepAt      time.Duration
+	stepMember  int
+	stepService time.Duration
+}
+
+func (sc simScenario) count() int {
+	if sc.messages > 0 {
+		return sc.messages
+	}
+	return simMessages
+}
+
+var (
+	simThesis1 = simScenario{name: "thesis-1", services: []time.Duration{25 * time.Millisecond, 25 * time.Millisecond, 25 * time.Millisecond}}
+	simThesis2 = simScenario{name: "thesis-2", services: []time.Duration{25 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond}}
+)
+
+// simConfig is one simulated run.
+type simConfig struct {
+	scenario  simScenario
+	strategy  string // an engine strategy, or "oracle"
+	reporting simReporting
+	qos1      bool          // QoS 1, acknowledged after processing
+	wire      time.Duration // one-way broker↔member delay
+}
+
+func (c simConfig) variant() string {
+	v := "sdk"
+	if c.reporting == reportsTimer {
+		v = "1s-only"
+	}
+	if c.qos1 {
+		v += "+qos1"
+	}
+	if c.wire > 0 {
+		v += fmt.Sprintf("+wire%v", c.wire)
+	}
+	return v
+}
+
+type simMember struct {
+	id      string
+	service time.Duration
+	joined  bool
+
+	fifo      []int // ids of received messages not yet dequeued
+	busy      bool
+	busyUntil time.Duration
+	received  uint64
+	onWire    int // sent by the broker, not yet arrived
+
+	// reporter state
+	doneSince     int           // messages finished since the last report
+	doneSinceSum  time.Duration // their processing time
+	doneTotal     int
+	lastTp        time.Duration // the last reported processing time
+	reported      bool
+	lastReportAt  time.Duration
+	lastReportedQ int
+
+	latencies []time.Duration // per dequeued message, in dequeue order
+}
+
+// tp is the member's own current processing time estimate, as the SDK
+// keeps it: the mean since the last report, or the last such mean.
+func (m *simMember) tp() time.Duration {
+	if m.doneSince > 0 {
+		return m.doneSinceSum / time.Duration(m.doneSince)
+	}
+	return m.lastTp
+}
+
+type simEventKind int
+
+// Order of kinds at the same instant.
+const (
+	evDone simEventKind = iota
+	evJoin
+	evArrive
+	evReport
+	evAck
+	evTimer
+	evPublish
+)
+
+type simEvent struct {
+	at     time.Duration
+	kind   simEventKind
+	member int
+	msg    int // evArrive: message id
+	load   scoring.Load
+	seq    int
+}
+
+type simQueue []simEvent
+
+func (q simQueue) Len() int { return len(q) }
+func (q simQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	if q[i].kind != q[j].kind {
+		return q[i].kind < q[j].kind
+	}
+	return q[i].seq < q[j].seq
+}
+func (q simQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *simQueue) Push(x any)   { *q = append(*q, x.(simEvent)) }
+func (q *simQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+type simResult struct {
+	cfg        simConfig
+	published  int
+	dequeued   int
+	duplicated int
+	mean       time.Duration
+	p50        time.Duration
+	p99        time.Duration
+	max        time.Duration
+	perMember  []int
+	members    []*simMember
+	reports    int
+}
+
+type simRun struct {
+	t         *testing.T
+	cfg       simConfig
+	engine    *scoring.Engine
+	clock     *scoring.ManualClock
+	now       time.Duration
+	members   []*simMember
+	byID      map[string]int
+	q         simQueue
+	seq       int
+	reports   int
+	published []time.Duration // publish time per message id
+	dequeued  []bool
+	dups      int
+}
+
+func (s *simRun) push(ev simEvent) {
+	s.seq++
+	ev.seq = s.seq
+	heap.Push(&s.q, ev)
+}
+
+func (s *simRun) advanceTo(at time.Duration) {
+	require.GreaterOrEqual(s.t, at, s.now, "simulation time went backwards")
+	s.clock.Advance(at - s.now)
+	s.now = at
+}
+
+// startNext lets the member's idle worker take its next message.
+func (s *simRun) startNext(i int) {
+	m := s.members[i]
+	if m.busy || len(m.fifo) == 0 {
+		return
+	}
+	id := m.fifo[0]
+	m.fifo = m.fifo[1:]
+	if s.dequeued[id] {
+		s.dups++
+	}
+	s.dequeued[id] = true
+	m.latencies = append(m.latencies, s.now-s.published[id])
+	m.busy = true
+	sc := s.cfg.scenario
+	if sc.stepAt > 0 && s.now >= sc.stepAt && i == sc.stepMember {
+		m.service = sc.stepService
+	}
+	m.busyUntil = s.now + m.service
+	s.push(simEvent{at: m.busyUntil, kind: evDone, member: i})
+}
+
+// report writes a report at the member now; the broker gets it after wire.
+func (s *simRun) report(i int) {
+	m := s.members[i]
+	l := scoring.Load{
+		Pending:     len(m.fifo),
+		Workers:     1,
+		Received:    m.received,
+		HasReceived: true,
+	}
+	if m.doneSince > 0 {
+		l.ProcessingTime = m.doneSinceSum / time.Duration(m.doneSince)
+	}
+	if m.busy {
+		l.InProgress = 1
+	}
+	if tp := m.tp(); tp > 0 {
+		// Backlog = remaining of the current message + pending × t_p.
+		var remaining time.Duration
+		if m.busy {
+			remaining = max(tp-(s.now-(m.busyUntil-m.service)), 0)
+		}
+		l.Backlog = remaining + time.Duration(len(m.fifo))*tp
+		l.HasBacklog = true
+	}
+	s.reports++
+	if l.ProcessingTime > 0 {
+		m.lastTp = l.ProcessingTime
+	}
+	m.doneSince, m.doneSinceSum = 0, 0
+	m.reported = true
+	m.lastReportAt = s.now
+	m.lastReportedQ = len(m.fifo)
+	s.push(simEvent{at: s.now + s.cfg.wire, kind: evReport, member: i, load: l})
+}
+
+// maybeReportOnChange sends the SDK's pending-jump report.
+func (s *simRun) maybeReportOnChange(i int) {
+	if s.cfg.reporting != reportsSDK {
+		return
+	}
+	m := s.members[i]
+	q := len(m.fifo)
+	diff := q - m.lastReportedQ
+	if diff < 0 {
+		diff = -diff
+	}
+	if diff < max(2, (m.lastReportedQ+1)/2) {
+		return
+	}
+	if m.reported && s.now-m.lastReportAt < simMinGap {
+		return
+	}
+	s.report(i)
+}
+
+// oracle is the perfect-information earliest start: the member that can
+// start a message soonest, knowing every member's exact queue; ties go to
+// the one idle longest.
+func (s *simRun) oracle() int {
+	best := -1
+	var bestStart, bestIdle time.Duration
+	for i, m := range s.members {
+		if !m.joined {
+			continue
+		}
+		start := s.now + s.cfg.wire
+		if m.busy && m.busyUntil > start {
+			start = m.busyUntil
+		}
+		start += time.Duration(len(m.fifo)+m.onWire) * m.service
+		idle := m.busyUntil // idle since then, when start is now
+		if best < 0 || start < bestStart || (start == bestStart && idle < bestIdle) {
+			best, bestStart, bestIdle = i, start, idle
+		}
+	}
+	return best
+}
+
+func runSim(t *testing.T, cfg simConfig) simResult {
+	t.Helper()
+	clock := scoring.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	strategy := cfg.strategy
+	if strategy == "oracle" {
+		strategy = "round-robin" // unused: the oracle decides by itself
+	}
+	engine, err := scoring.NewEngine(scoring.Config{Strategy: strategy, Clock: clock, ReportInterval: simReportEvery})
+	require.NoError(t, err)
+	total := cfg.scenario.count()
+	s := &simRun{t: t, cfg: cfg, engine: engine, clock: clock, byID: map[string]int{},
+		published: make([]time.Duration, 0, total), dequeued: make([]bool, total)}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i, svc := range cfg.scenario.services {
+		m := &simMember{id: fmt.Sprintf("m%d", i+1), service: svc}
+		s.members = append(s.members, m)
+		s.byID[m.id] = i
+		var at time.Duration
+		if i < len(cfg.scenario.joinAt) {
+			at = cfg.scenario.joinAt[i]
+		}
+		s.push(simEvent{at: at, kind: evJoin, member: i})
+	}
+	s.push(simEvent{at: simPublishStart, kind: evPublish})
+
+	outstanding := func() bool {
+		if len(s.published) < total {
+			return true
+		}
+		for _, m := range s.members {
+			if len(m.fifo) > 0 || m.busy || m.onWire > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for outstanding() {
+		require.NotEmpty(t, s.q)
+		ev := heap.Pop(&s.q).(simEvent)
+		s.advanceTo(ev.at)
+		m := (*simMember)(nil)
+		if ev.member >= 0 && ev.kind != evPublish {
+			m = s.members[ev.member]
+		}
+		switch ev.kind {
+		case evJoin:
+			m.joined = true
+			engine.Connect(m.id)
+			engine.Join(simGroup, m.id)
+			s.push(simEvent{at: s.now + simReportEvery, kind: evTimer, member: ev.member})
+		case evDone:
+			m.busy = false
+			m.doneSince++
+			m.doneSinceSum += m.service
+			m.doneTotal++
+			if cfg.qos1 {
+				s.push(simEvent{at: s.now + cfg.wire, kind: evAck, member: ev.member})
+			}
+			s.startNext(ev.member)
+			if cfg.reporting == reportsSDK && m.doneTotal == 1 {
+				s.report(ev.member) // first measurement: report at once
+			} else {
+				s.maybeReportOnChange(ev.member)
+			}
+		case evArrive:
+			m.onWire--
+			m.fifo = append(m.fifo, ev.msg)
+			m.received++
+			s.startNext(ev.member)
+			s.maybeReportOnChange(ev.member)
+		case evReport:
+			require.True(t, engine.Report(m.id, ev.load))
+		case evAck:
+			engine.InFlightAcknowledged(m.id)
+		case evTimer:
+			s.report(ev.member)
+			s.push(simEvent{at: ev.at + simReportEvery, kind: evTimer, member: ev.member})
+		case evPublish:
+			var i int
+			if cfg.strategy == "oracle" {
+				i = s.oracle()
+			} else {
+				id, ok := engine.SelectMember(simGroup, scoring.Message{PublisherID: "pub", Topic: "sensors"})
+				require.True(t, ok)
+				var known bool
+				i, known = s.byID[id]
+				require.True(t, known, "selected unknown member %q", id)
+			}
+			if cfg.qos1 {
+				engine.InFlightStarted(s.members[i].id)
+			}
+			msg := len(s.published)
+			s.published = append(s.published, s.now)
+			s.members[i].onWire++
+			s.push(simEvent{at: s.now + cfg.wire, kind: evArrive, member: i, msg: msg})
+			if len(s.published) < total {
+				gap := simPublishEvery
+				if cfg.scenario.gap != nil {
+					gap = cfg.scenario.gap(rng)
+				}
+				s.push(simEvent{at: ev.at + gap, kind: evPublish, member: -1})
+			}
+		}
+	}
+
+	res := simResult{cfg: cfg, published: len(s.published), members: s.members, reports: s.reports, duplicated: s.dups}
+	var all []time.Duration
+	var sum time.Duration
+	for _, m := range s.members {
+		res.perMember = append(res.perMember, len(m.latencies))
+		res.dequeued += len(m.latencies)
+		all = append(all, m.latencies...)
+		for _, l := range m.latencies {
+			sum += l
+		}
+	}
+	res.dequeued -= s.dups
+	if len(all) > 0 {
+		sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+		res.mean = sum / time.Duration(len(all))
+		res.p50 = all[(len(all)+1)/2-1]
+		res.p99 = all[(len(all)*99+99)/100-1]
+		res.max = all[len(all)-1]
+	}
+	return res
+}
+
+func (r simResult) String() string {
+	counts := make([]string, len(r.perMember))
+	for i, c := range r.perMember {
+		counts[i] = fmt.Sprint(c)
+	}
+	return fmt.Sprintf("| %-8s | %-17s | %-11s | %8.2f | %8.2f | %8.2f | %-11s | %4d | %3d |",
+		r.cfg.scenario.name, r.cfg.variant(), r.cfg.strategy, toMs(r.mean), toMs(r.p99), toMs(r.max),
+		strings.Join(counts, "/"), r.published-r.dequeued, r.duplicated)
+}
+
+func toMs(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func meanOf(ds []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(len(ds))
+}
+
+func TestSimulationThesisScenarios(t *testing.T) {
+	type key struct {
+		scenario, variant, strategy string
+	}
+	results := map[key]simResult{}
+	run := func(cfg simConfig) {
+		r := runSim(t, cfg)
+		results[key{cfg.scenario.name, cfg.variant(), cfg.strategy}] = r
+		t.Log(r.String())
+		require.Equal(t, r.cfg.scenario.count(), r.published)
+		require.Equal(t, r.published, r.dequeued, "lost messages: %s", r)
+		require.Zero(t, r.duplicated, "duplicated messages: %s", r)
+	}
+	t.Log("drift-free service emulation; latency = dequeue − publish (ms); 1500 messages every 10 ms; oracle = perfect-information earliest start")
+	t.Log("| scenario | variant           | strategy    |     mean |      p99 |      max | per member  | lost | dup |")
+	for _, sc := range []simScenario{simThesis1, simThesis2} {
+		for _, mode := range []simReporting{reportsSDK, reportsTimer} {
+			for _, strategy := range []string{"adaptive", "thesis", "round-robin", "oracle"} {
+				run(simConfig{scenario: sc, strategy: strategy, reporting: mode})
+			}
+		}
+	}
+	for _, v := range []simConfig{{qos1: true}, {wire: time.Millisecond}, {qos1: true, wire: time.Millisecond}} {
+		for _, strategy := range []string{"adaptive", "thesis", "oracle"} {
+			cfg := v
+			cfg.scenario, cfg.strategy, cfg.reporting = simThesis2, strategy, reportsSDK
+			run(cfg)
+		}
+	}
+
+	get := func(scenario, variant, strategy string) simResult {
+		r, ok := results[key{scenario, variant, strategy}]
+		require.True(t, ok, "no run %s/%s/%s", scenario, variant, strategy)
+		return r
+	}
+
+	// thesis-2 with SDK reports: adaptive beats the thesis formula and
+	// stays below 10 ms; the 50 ms member gets fewer messages than each
+	// 25 ms one.
+	adaptive2 := get("thesis-2", "sdk", "adaptive")
+	require.Less(t, adaptive2.mean, get("thesis-2", "sdk", "thesis").mean)
+	require.Less(t, adaptive2.mean, 10*time.Millisecond)
+	require.Less(t, adaptive2.perMember[2], adaptive2.perMember[0])
+	require.Less(t, adaptive2.perMember[2], adaptive2.perMember[1])
+	for _, variant := range []string{"sdk+qos1", "sdk+wire1ms", "sdk+qos1+wire1ms"} {
+		require.Less(t, get("thesis-2", variant, "adaptive").mean, 10*time.Millisecond, variant)
+		require.Less(t, get("thesis-2", variant, "adaptive").mean, get("thesis-2", variant, "thesis").mean, variant)
+	}
+
+	// Round robin gives the 50 ms member a third of 100 msg/s, more than
+	// its 20 msg/s: its backlog, hence its latency, grows all run long.
+	slow := get("thesis-2", "sdk", "round-robin").members[2].latencies
+	n := len(slow)
+	require.Equal(t, simMessages/3, n)
+	first, middle, last := meanOf(slow[:n/3]), meanOf(slow[n/3:2*n/3]), meanOf(slow[2*n/3:])
+	require.Greater(t, middle, first+time.Second)
+	require.Greater(t, last, middle+time.Second)
+
+	// thesis-1: round robin is ideal (each member idle again after 30 ms).
+	require.Zero(t, get("thesis-1", "sdk", "round-robin").max)
+
+	// The blind start costs: with reports only every 1 s, adaptive loses
+	// what it could not know in the first 700 ms.
+	require.Greater(t, get("thesis-2", "1s-only", "adaptive").mean, 2*adaptive2.mean)
+}
+
+// TestSimulationOtherScenarios runs the other single-site scenarios of
+// scenarios.md §A (step, join and poisson are overloaded or bursty, so only
+// the facts that cannot depend on tuning are asserted).
+func TestSimulationOtherScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long simulation")
+	}
+	const msd = time.Millisecond
+	scenarios := []simScenario{
+		{name: "step", services: []time.Duration{25 * msd, 25 * msd, 25 * msd}, messages: 3000,
+			stepAt: simPublishStart + 10*time.Second, stepMember: 2, stepService: 100 * msd},
+		{name: "join", services: []time.Duration{50 * msd, 50 * msd, 25 * msd}, messages: 3000,
+			joinAt: []time.Duration{0, 0, simPublishStart + 10*time.Second}},
+		{name: "poisson", services: []time.Duration{20 * msd, 20 * msd, 40 * msd, 40 * msd, 80 * msd}, messages: 3750,
+			gap: func(r *rand.Rand) time.Duration { return time.Duration(r.ExpFloat64() * float64(8*msd)) }},
+	}
+	t.Log("| scenario | variant           | strategy    |     mean |      p99 |      max | per member  | lost | dup |")
+	means := map[string]time.Duration{}
+	for _, sc := range scenarios {
+		for _, mode := range []simReporting{reportsSDK, reportsTimer} {
+			for _, strategy := range []string{"adaptive", "thesis", "round-robin", "oracle"} {
+				r := runSim(t, simConfig{scenario: sc, strategy: strategy, reporting: mode})
+				t.Log(r.String())
+				require.Equal(t, sc.count(), r.published)
+				require.Equal(t, r.published, r.dequeued, "lost messages: %s", r)
+				require.Zero(t, r.duplicated)
+				means[fmt.Sprint(sc.name, "/", r.cfg.variant(), "/", strategy)] = r.mean
+			}
+		}
+	}
+	require.Less(t, means["poisson/sdk/adaptive"], means["poisson/sdk/thesis"])
+	for _, sc := range []string{"step", "join", "poisson"} {
+		require.Less(t, means[sc+"/sdk/adaptive"], means[sc+"/sdk/round-robin"], sc)
+	}
+}
