@@ -238,7 +238,10 @@ func (c *Conn) filter(p []byte, r, end int) int {
 			done, bad := c.lengthByte(b)
 			switch {
 			case bad:
-				// Give Mochi the bytes as they came; it ends the stream.
+				// Framing is lost: give Mochi the bytes as they came and
+				// stop parsing. (Mochi rejects most such lengths, but
+				// accepts overlong ones whose extra bytes carry no value
+				// bits, such as 80 80 80 80 00.)
 				w = c.emit(p, w, r, end, c.held[:c.nheld]...)
 				w = c.emit(p, w, r, end, b)
 				c.st = stPassthrough
