@@ -253,11 +253,10 @@ func testTLSConfigs(t *testing.T) (server, client *tls.Config) {
 
 // fakeListener records calls and establishes one given conn per Serve.
 type fakeListener struct {
-	conn      net.Conn
-	inited    bool
-	closed    bool
-	serveErr  error // what establish returned
-	closeSeen string
+	conn     net.Conn
+	inited   bool
+	closed   bool
+	serveErr error // what establish returned
 }
 
 func (f *fakeListener) Init(*slog.Logger) error { f.inited = true; return errInit }
