@@ -82,8 +82,13 @@ func New(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 
+	capabilities := mqtt.NewDefaultServerCapabilities()
+	// Mochi allocates a packet's whole remaining length before reading
+	// it; without a limit one client could make it allocate 256 MiB.
+	capabilities.MaximumPacketSize = uint32(cfg.MaxPacketSize)
 	b.server = mqtt.New(&mqtt.Options{
 		Logger:       cfg.Logger,
+		Capabilities: capabilities,
 		InlineClient: cfg.AMQPURL != "", // the bridge injects remote messages through it
 	})
 	b.selection, err = hooks.NewSelectionHook(hooks.SelectionConfig{

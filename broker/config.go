@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/scoring"
 )
 
@@ -21,8 +22,8 @@ type Config struct {
 	TLSKeyFile  string
 	// WSListen is the MQTT-over-WebSocket address (empty disables).
 	WSListen string
-	// HTTPListen serves /healthz, /api/v1/groups and /metrics (empty
-	// disables).
+	// HTTPListen serves the dashboard (/), /healthz, /api/v1/groups,
+	// /api/v1/overview and /metrics (empty disables).
 	HTTPListen string
 	// Strategy is the shared-subscription strategy ("adaptive").
 	Strategy string
@@ -31,6 +32,9 @@ type Config struct {
 	// StaleAfter is how long without a report makes a member stale
 	// (3 report intervals).
 	StaleAfter time.Duration
+	// MaxPacketSize is the largest MQTT packet in bytes a client may send
+	// (1 MiB); a larger one ends its connection before it is read.
+	MaxPacketSize int
 	// AuthFile is a Mochi auth/ACL ledger (YAML or JSON). Empty allows
 	// anonymous access, with a warning.
 	AuthFile string
@@ -49,6 +53,13 @@ type Config struct {
 	// as work queues across sites (not implemented yet).
 	ExportGroups []string
 }
+
+// DefaultMaxPacketSize is the default limit on an inbound MQTT packet.
+const DefaultMaxPacketSize = 1 << 20
+
+// maxMQTTPacketSize is the protocol's limit: a 268435455-byte remaining
+// length plus a 5-byte fixed header.
+const maxMQTTPacketSize = 268435460
 
 // ErrInvalidConfig is wrapped by every configuration error.
 var ErrInvalidConfig = errors.New("invalid configuration")
@@ -74,6 +85,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.StaleAfter < 0 {
 		return c, fmt.Errorf("%w: stale-after %v is negative", ErrInvalidConfig, c.StaleAfter)
 	}
+	if c.MaxPacketSize == 0 {
+		c.MaxPacketSize = DefaultMaxPacketSize
+	}
+	if c.MaxPacketSize < 64 || c.MaxPacketSize > maxMQTTPacketSize {
+		return c, fmt.Errorf("%w: max-packet-size %d must be from 64 to %d bytes", ErrInvalidConfig, c.MaxPacketSize, maxMQTTPacketSize)
+	}
 	if c.MQTTListen == "" && c.TLSListen == "" && c.WSListen == "" {
 		return c, fmt.Errorf("%w: no MQTT listener: set at least one of listen, tls-listen, ws-listen", ErrInvalidConfig)
 	}
@@ -85,6 +102,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.AMQPURL != "" && c.Site == "" {
 		return c, fmt.Errorf("%w: amqp-url needs site (a name for this site, e.g. --site berlin)", ErrInvalidConfig)
+	}
+	if c.AMQPURL != "" {
+		bc := bridge.Config{Site: c.Site, AMQPURL: c.AMQPURL, Exports: c.Exports, ExportGroups: c.ExportGroups}
+		if err := bc.Validate(); err != nil {
+			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

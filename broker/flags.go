@@ -19,17 +19,36 @@ import (
 // fileConfig is the YAML form of the command-line flags; keys are the flag
 // names.
 type fileConfig struct {
-	Listen         *string `yaml:"listen"`
-	TLSListen      *string `yaml:"tls-listen"`
-	TLSCert        *string `yaml:"tls-cert"`
-	TLSKey         *string `yaml:"tls-key"`
-	WSListen       *string `yaml:"ws-listen"`
-	HTTP           *string `yaml:"http"`
-	Strategy       *string `yaml:"strategy"`
-	ReportInterval *string `yaml:"report-interval"`
-	StaleAfter     *string `yaml:"stale-after"`
-	AuthFile       *string `yaml:"auth-file"`
-	LogLevel       *string `yaml:"log-level"`
+	Listen         *string  `yaml:"listen"`
+	TLSListen      *string  `yaml:"tls-listen"`
+	TLSCert        *string  `yaml:"tls-cert"`
+	TLSKey         *string  `yaml:"tls-key"`
+	WSListen       *string  `yaml:"ws-listen"`
+	HTTP           *string  `yaml:"http"`
+	Strategy       *string  `yaml:"strategy"`
+	ReportInterval *string  `yaml:"report-interval"`
+	StaleAfter     *string  `yaml:"stale-after"`
+	AuthFile       *string  `yaml:"auth-file"`
+	MaxPacketSize  *int     `yaml:"max-packet-size"`
+	LogLevel       *string  `yaml:"log-level"`
+	AMQPURL        *string  `yaml:"amqp-url"`
+	Site           *string  `yaml:"site"`
+	Export         []string `yaml:"export"`
+	ExportGroup    []string `yaml:"export-group"`
+}
+
+// listFlag is a repeatable flag whose values may also be comma-separated.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
 }
 
 // ErrHelp is returned by ConfigFromArgs when -h or --help was given; the
@@ -49,13 +68,20 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		tlsCert        = fs.String("tls-cert", "", "PEM certificate file for --tls-listen")
 		tlsKey         = fs.String("tls-key", "", "PEM private key file for --tls-listen")
 		wsListen       = fs.String("ws-listen", "", "MQTT over WebSocket address, e.g. :1882")
-		httpListen     = fs.String("http", "127.0.0.1:8080", "HTTP address for /healthz, /api/v1/groups and /metrics (empty disables)")
+		httpListen     = fs.String("http", "127.0.0.1:8080", "HTTP address for the dashboard (/), /healthz, /api/v1/groups, /api/v1/overview and /metrics (empty disables)")
 		strategy       = fs.String("strategy", "adaptive", "shared-subscription strategy: "+strings.Join(scoring.Strategies(), ", "))
 		reportInterval = fs.Duration("report-interval", scoring.DefaultReportInterval, "load-report interval announced to clients in CONNACK")
 		staleAfter     = fs.Duration("stale-after", 0, "time without a report after which a member is stale (default 3 report intervals)")
+		maxPacketSize  = fs.Int("max-packet-size", DefaultMaxPacketSize, "largest MQTT packet in bytes a client may send; a larger one ends its connection")
 		authFile       = fs.String("auth-file", "", "Mochi auth/ACL ledger file (YAML or JSON); empty allows anonymous access")
 		logLevel       = fs.String("log-level", "info", "log level: debug, info, warn, error")
+		amqpURL        = fs.String("amqp-url", "", "this site's RabbitMQ node, e.g. amqp://guest:guest@127.0.0.1:5672/; enables the multi-site bridge")
+		site           = fs.String("site", "", "name of this site (letters, digits, '-', '_'); required with --amqp-url")
+		exports        listFlag
+		exportGroups   listFlag
 	)
+	fs.Var(&exports, "export", "MQTT filter shared with the other sites through RabbitMQ (repeatable or comma-separated), e.g. sensors/#")
+	fs.Var(&exportGroups, "export-group", "shared subscription $share/<group>/<filter> served as a work queue across sites (repeatable; not implemented yet)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(usageOutput)
@@ -108,6 +134,17 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		takeString("strategy", strategy, fc.Strategy)
 		takeString("auth-file", authFile, fc.AuthFile)
 		takeString("log-level", logLevel, fc.LogLevel)
+		if fc.MaxPacketSize != nil && !set["max-packet-size"] {
+			*maxPacketSize = *fc.MaxPacketSize
+		}
+		takeString("amqp-url", amqpURL, fc.AMQPURL)
+		takeString("site", site, fc.Site)
+		if fc.Export != nil && !set["export"] {
+			exports = fc.Export
+		}
+		if fc.ExportGroup != nil && !set["export-group"] {
+			exportGroups = fc.ExportGroup
+		}
 		if err := takeDuration("report-interval", reportInterval, fc.ReportInterval); err != nil {
 			return Config{}, err
 		}
@@ -134,6 +171,11 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		ReportInterval: *reportInterval,
 		StaleAfter:     *staleAfter,
 		AuthFile:       *authFile,
+		MaxPacketSize:  *maxPacketSize,
+		AMQPURL:        *amqpURL,
+		Site:           *site,
+		Exports:        exports,
+		ExportGroups:   exportGroups,
 		Logger:         slog.New(slog.NewTextHandler(logOutput, &slog.HandlerOptions{Level: level})),
 	}
 	// Validate now so a bad value is reported before anything starts.

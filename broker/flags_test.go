@@ -45,6 +45,7 @@ func TestConfigFromArgsRejectsBadInputInOneLine(t *testing.T) {
 		{"tls without cert", []string{"--tls-listen", ":8883"}, "tls-cert"},
 		{"no listener", []string{"--listen", ""}, "no MQTT listener"},
 		{"bad log level", []string{"--log-level", "loud"}, "log-level"},
+		{"tiny packet limit", []string{"--max-packet-size", "10"}, "max-packet-size"},
 		{"missing config file", []string{"--config", filepath.Join(dir, "none.yaml")}, "config file"},
 		{"unknown config key", []string{"--config", badYAML}, "lisen"},
 		{"bad config duration", []string{"--config", badDuration}, "report-interval"},

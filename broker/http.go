@@ -3,12 +3,14 @@ package broker
 import (
 	"encoding/json"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/luffymq/luffymq/broker/dashboard"
 	"github.com/luffymq/luffymq/hooks"
 	"github.com/luffymq/luffymq/scoring"
 )
@@ -40,6 +42,47 @@ type MemberStatus struct {
 	PredictedWaitMs  float64  `json:"predicted_wait_ms"`
 	Reports          uint64   `json:"reports"`
 	LastReportAgeMs  *float64 `json:"last_report_age_ms"`
+}
+
+// OverviewResponse is the body of GET /api/v1/overview: broker-wide
+// figures for the dashboard. Counters count since the broker started.
+type OverviewResponse struct {
+	Strategy         string  `json:"strategy"`
+	ReportIntervalMs float64 `json:"report_interval_ms"`
+	StaleAfterMs     float64 `json:"stale_after_ms"`
+	UptimeSeconds    int64   `json:"uptime_s"`
+	ClientsConnected int64   `json:"clients_connected"`
+	MessagesReceived int64   `json:"messages_received"`
+	MessagesSent     int64   `json:"messages_sent"`
+	MessagesDropped  int64   `json:"messages_dropped"`
+	ReportsAccepted  uint64  `json:"reports_accepted"`
+	ReportsMalformed uint64  `json:"reports_malformed"`
+	ReportsOversized uint64  `json:"reports_oversized"`
+}
+
+// Overview returns the broker-wide figures of GET /api/v1/overview.
+func (b *Broker) Overview() OverviewResponse {
+	info := b.server.Info
+	cfg := b.engine.Config()
+	r := &b.selection.Reports
+	o := OverviewResponse{
+		Strategy:         b.engine.StrategyName(),
+		ReportIntervalMs: millis(cfg.ReportInterval),
+		StaleAfterMs:     millis(cfg.StaleAfter),
+		ClientsConnected: atomic.LoadInt64(&info.ClientsConnected),
+		MessagesReceived: atomic.LoadInt64(&info.MessagesReceived),
+		MessagesSent:     atomic.LoadInt64(&info.MessagesSent),
+		MessagesDropped:  atomic.LoadInt64(&info.MessagesDropped),
+		ReportsOversized: r.Oversized.Load(),
+	}
+	for i := range r.Accepted {
+		o.ReportsAccepted += r.Accepted[i].Load()
+		o.ReportsMalformed += r.Malformed[i].Load()
+	}
+	if started := atomic.LoadInt64(&info.Started); started > 0 {
+		o.UptimeSeconds = max(0, time.Now().Unix()-started)
+	}
+	return o
 }
 
 func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -100,6 +143,15 @@ func (b *Broker) httpHandler() http.Handler {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(b.Groups())
 	})
+	mux.HandleFunc("GET /api/v1/overview", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(b.Overview())
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	page := dashboard.Handler()
+	mux.Handle("GET /{$}", page)
+	mux.Handle("GET /dashboard", page)
 	return mux
 }

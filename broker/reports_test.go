@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -153,6 +154,24 @@ func TestOversizedReportEndsConnectionWithPacketTooLarge(t *testing.T) {
 	pk = append([]byte{0xC0}, varint(len(payload))...)
 	rc2.writeBytes(append(pk, payload...))
 	require.Equal(t, packets.PINGRESP, rc2.read().Type)
+}
+
+func TestOversizedPacketEndsConnectionBeforeItIsRead(t *testing.T) {
+	b := startBroker(t, func(c *Config) { c.MaxPacketSize = 1024 })
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	rc, _ := dialRaw(t, conn, "big")
+	// A PUBLISH header announcing 100 MiB: the broker must not wait for
+	// (or allocate) the body.
+	rc.writeBytes(append([]byte{0x30}, varint(100<<20)...))
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	for {
+		if _, err := packets.ReadPacket(conn); err != nil {
+			var netErr net.Error
+			require.False(t, errors.As(err, &netErr) && netErr.Timeout(), "connection closed, not left waiting: %v", err)
+			break
+		}
+	}
 }
 
 func TestLoadTopicPublishIsConsumedNotRouted(t *testing.T) {

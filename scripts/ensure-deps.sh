@@ -6,6 +6,8 @@ set -euo pipefail
 need_pkgs=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_pkgs+=(mosquitto)
 command -v mosquitto_sub >/dev/null 2>&1 || need_pkgs+=(mosquitto-clients)
+[ -x /usr/bin/chromium ] || need_pkgs+=(chromium) # dashboard browser test (chromedp)
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need_pkgs+=(rabbitmq-server)
 
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "ensure-deps: installing ${need_pkgs[*]}"
@@ -21,6 +23,15 @@ fi
 # would keep `make run` from binding :1883.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet mosquitto 2>/dev/null; then
   systemctl stop mosquitto || true
+fi
+
+# Likewise the package's system-wide RabbitMQ (:5672, :25672) is never used:
+# tests start their own nodes (internal/rabbitharness). Stop and disable it.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet rabbitmq-server 2>/dev/null; then
+  systemctl stop rabbitmq-server || true
+  systemctl disable rabbitmq-server >/dev/null 2>&1 || true
+elif command -v update-rc.d >/dev/null 2>&1 && [ -e /etc/init.d/rabbitmq-server ]; then
+  update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true
 fi
 
 go mod download

@@ -1,0 +1,471 @@
+// Package bridge joins a LuffyMQ site broker to the other sites through
+// RabbitMQ.
+//
+// # Pub/sub path
+//
+// Every MQTT publish whose topic matches an exported filter (Config.Exports)
+// is first delivered to local subscribers by Mochi as always, then
+// published by the bridge to the site's RabbitMQ topic exchange named by
+// ExchangeName (one publish per exchange), with the routing key
+// MQTTToAMQP(topic) and these headers:
+//
+//	x-luffymq-origin   the publishing site (Config.Site)
+//	x-mqtt-qos         the publish QoS (0..2); QoS >= 1 is a persistent
+//	                   message published with confirms and retried until
+//	                   confirmed
+//	x-mqtt-retain      the retain flag
+//	x-mqtt-user        MQTT v5 user properties, as an array of [key, value]
+//	x-mqtt-response-topic, x-mqtt-correlation-data, x-mqtt-payload-format
+//
+// plus the AMQP properties message-id (unique per message), content-type,
+// timestamp and expiration (from the message expiry interval).
+//
+// Each site has one durable import queue, ImportQueueName(site), bound to
+// every pub/sub exchange with one binding key per local MQTT subscription
+// that overlaps an export filter (their intersection, see IntersectFilters).
+// Bindings follow subscriptions as clients subscribe, unsubscribe and
+// their sessions end. Federation (ApplyFederation) propagates these bindings
+// to the other sites' exchanges, so remote messages flow only where
+// someone wants them. The importer injects each message from the queue into
+// the local broker through Mochi's inline client, with the original QoS,
+// retain flag and properties plus the user property
+// luffymq-origin-site=<origin>.
+//
+// Loop and duplicate rules: messages whose origin is this site are never
+// injected (local subscribers already had them); injected messages are
+// never exported again; a message ID seen recently (Config.DedupWindow) is
+// dropped, which removes the duplicates that at-least-once republishing and
+// federation link restarts can create.
+//
+// When RabbitMQ is unreachable the bridge logs one clear line, keeps
+// retrying with backoff and keeps up to Config.OutboxSize messages to
+// publish later; the MQTT side keeps serving local clients throughout.
+package bridge
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// AMQP header names and the MQTT user property set on imported messages.
+const (
+	HeaderOrigin          = "x-luffymq-origin"
+	HeaderQoS             = "x-mqtt-qos"
+	HeaderRetain          = "x-mqtt-retain"
+	HeaderUserProperties  = "x-mqtt-user"
+	HeaderResponseTopic   = "x-mqtt-response-topic"
+	HeaderCorrelationData = "x-mqtt-correlation-data"
+	HeaderPayloadFormat   = "x-mqtt-payload-format"
+	OriginUserProperty    = "luffymq-origin-site"
+)
+
+// ImportQueueName returns the name of a site's import queue.
+func ImportQueueName(site string) string { return "luffymq.import." + site }
+
+// Binding is one binding of the import queue.
+type Binding struct {
+	// Exchange is the pub/sub exchange.
+	Exchange string
+	// Key is the AMQP binding key.
+	Key string
+}
+
+// Bridge connects one site's Mochi server to its RabbitMQ node.
+type Bridge struct {
+	cfg       Config
+	log       *slog.Logger
+	exchanges []exchange
+	queue     string
+	bootID    string
+	seq       atomic.Uint64
+
+	server *mqtt.Server
+	inline *mqtt.Client
+	outbox *outbox
+	dedup  *dedup
+	dirty  chan struct{}
+	stats  *stats
+
+	mu         sync.Mutex
+	started    bool
+	bound      map[Binding]struct{} // bindings that exist on the server
+	connected  bool
+	queueFresh bool // the import queue was recreated by this process
+	cancel     context.CancelFunc
+	done       chan struct{}
+	closeOnce  sync.Once
+}
+
+// New validates cfg and returns a bridge. Nothing connects until Start.
+func New(cfg Config) (*Bridge, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	b := &Bridge{
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "bridge", "site", cfg.Site),
+		exchanges: groupExports(cfg.Exports),
+		queue:     ImportQueueName(cfg.Site),
+		bootID:    randomHex(6),
+		outbox:    newOutbox(cfg.OutboxSize),
+		dedup:     newDedup(cfg.DedupWindow),
+		dirty:     make(chan struct{}, 1),
+		bound:     map[Binding]struct{}{},
+	}
+	b.stats = newStats(b)
+	return b, nil
+}
+
+// Exchanges returns the pub/sub exchanges this site publishes to and
+// imports from.
+func (b *Bridge) Exchanges() []string {
+	out := make([]string, len(b.exchanges))
+	for i, x := range b.exchanges {
+		out[i] = x.name
+	}
+	return out
+}
+
+// ImportQueue returns the name of this site's import queue.
+func (b *Bridge) ImportQueue() string { return b.queue }
+
+// Attach adds the bridge's hook to s, which must have been created with
+// mqtt.Options{InlineClient: true}. Call it before s.Serve.
+func (b *Bridge) Attach(s *mqtt.Server) error {
+	inline, ok := s.Clients.Get(mqtt.InlineClientId)
+	if !ok || !s.Options.InlineClient {
+		return errors.New("bridge: the Mochi server needs its inline client (mqtt.Options{InlineClient: true}) to inject remote messages")
+	}
+	b.server, b.inline = s, inline
+	if err := s.AddHook(&hook{b: b}, nil); err != nil {
+		return fmt.Errorf("bridge: adding hook: %w", err)
+	}
+	return nil
+}
+
+// Start connects to RabbitMQ in the background and returns at once: an
+// unreachable RabbitMQ is logged and retried, never fatal.
+func (b *Bridge) Start(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.server == nil {
+		return errors.New("bridge: Start before Attach")
+	}
+	if b.started {
+		return errors.New("bridge: already started")
+	}
+	b.started = true
+	ctx, b.cancel = context.WithCancel(ctx)
+	b.done = make(chan struct{})
+	b.markDirty()
+	go func() {
+		defer close(b.done)
+		b.run(ctx)
+	}()
+	b.log.Info("bridge starting", "amqp", redact(b.cfg.AMQPURL), "exchanges", b.Exchanges(), "import_queue", b.queue)
+	return nil
+}
+
+// Close stops the bridge and closes its RabbitMQ connection. Messages not
+// yet confirmed by RabbitMQ are lost.
+func (b *Bridge) Close() error {
+	b.closeOnce.Do(func() {
+		b.mu.Lock()
+		cancel, done := b.cancel, b.done
+		b.mu.Unlock()
+		if cancel != nil {
+			cancel()
+			<-done
+		}
+	})
+	return nil
+}
+
+// Connected reports whether the bridge has a working RabbitMQ connection.
+func (b *Bridge) Connected() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.connected
+}
+
+// Bindings returns the import queue's bindings, sorted.
+func (b *Bridge) Bindings() []Binding {
+	b.mu.Lock()
+	out := make([]Binding, 0, len(b.bound))
+	for k := range b.bound {
+		out = append(out, k)
+	}
+	b.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Exchange != out[j].Exchange {
+			return out[i].Exchange < out[j].Exchange
+		}
+		return out[i].Key < out[j].Key
+	})
+	return out
+}
+
+// markDirty asks for the bindings to be recomputed.
+func (b *Bridge) markDirty() {
+	select {
+	case b.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// export queues an MQTT publish for every exchange whose filters match it.
+func (b *Bridge) export(cl *mqtt.Client, pk packets.Packet) {
+	if pk.Ignore || strings.HasPrefix(pk.TopicName, "$") {
+		return
+	}
+	if cl.Net.Inline && hasOriginProperty(pk.Properties.User) {
+		return // imported from another site: never exported again
+	}
+	var pub *amqp.Publishing
+	for _, x := range b.exchanges {
+		matched := false
+		for _, f := range x.filters {
+			if MatchFilter(f, pk.TopicName) {
+				matched = true
+				break
+			}
+		}
+		if !matched {
+			continue
+		}
+		if pub == nil {
+			pub = b.publishing(pk)
+		}
+		if !b.outbox.push(&outMsg{exchange: x.name, key: MQTTToAMQP(pk.TopicName), pub: *pub}) {
+			b.stats.warnDropped(b.log)
+		}
+	}
+}
+
+func hasOriginProperty(props []packets.UserProperty) bool {
+	for _, p := range props {
+		if p.Key == OriginUserProperty {
+			return true
+		}
+	}
+	return false
+}
+
+// publishing builds the AMQP message for an MQTT publish.
+func (b *Bridge) publishing(pk packets.Packet) *amqp.Publishing {
+	h := amqp.Table{
+		HeaderOrigin: b.cfg.Site,
+		HeaderQoS:    int32(pk.FixedHeader.Qos),
+		HeaderRetain: pk.FixedHeader.Retain,
+	}
+	if len(pk.Properties.User) > 0 {
+		ups := make([]interface{}, len(pk.Properties.User))
+		for i, u := range pk.Properties.User {
+			ups[i] = []interface{}{u.Key, u.Val}
+		}
+		h[HeaderUserProperties] = ups
+	}
+	if pk.Properties.ResponseTopic != "" {
+		h[HeaderResponseTopic] = pk.Properties.ResponseTopic
+	}
+	if len(pk.Properties.CorrelationData) > 0 {
+		h[HeaderCorrelationData] = bytes.Clone(pk.Properties.CorrelationData)
+	}
+	if pk.Properties.PayloadFormatFlag {
+		h[HeaderPayloadFormat] = int32(pk.Properties.PayloadFormat)
+	}
+	p := &amqp.Publishing{
+		Headers:      h,
+		ContentType:  pk.Properties.ContentType,
+		DeliveryMode: amqp.Transient,
+		MessageId:    b.cfg.Site + "-" + b.bootID + "-" + strconv.FormatUint(b.seq.Add(1), 10),
+		Timestamp:    time.Now(),
+		AppId:        "luffymq",
+		Body:         bytes.Clone(pk.Payload),
+	}
+	if pk.FixedHeader.Qos > 0 {
+		p.DeliveryMode = amqp.Persistent
+	}
+	if pk.Properties.MessageExpiryInterval > 0 {
+		p.Expiration = strconv.FormatUint(uint64(pk.Properties.MessageExpiryInterval)*1000, 10)
+	}
+	return p
+}
+
+// inject delivers a message from the import queue to local subscribers.
+// It reports what became of it for the counters.
+func (b *Bridge) inject(d amqp.Delivery) importResult {
+	origin, _ := d.Headers[HeaderOrigin].(string)
+	if origin == b.cfg.Site {
+		return importLocal
+	}
+	topic, err := AMQPToMQTT(d.RoutingKey)
+	if err != nil || !validTopic(topic) {
+		b.log.Debug("bridge: dropping message with unmappable routing key", "exchange", d.Exchange, "routing_key", d.RoutingKey)
+		return importUnmappable
+	}
+	if b.dedup.seen(d.MessageId) {
+		return importDuplicate
+	}
+	qos := byte(0)
+	if d.DeliveryMode == amqp.Persistent {
+		qos = 1
+	}
+	if v, ok := asInt(d.Headers[HeaderQoS]); ok && v >= 0 && v <= 2 {
+		qos = byte(v)
+	}
+	retain, _ := d.Headers[HeaderRetain].(bool)
+	props := packets.Properties{ContentType: d.ContentType}
+	if ups, ok := d.Headers[HeaderUserProperties].([]interface{}); ok {
+		for _, u := range ups {
+			if kv, ok := u.([]interface{}); ok && len(kv) == 2 {
+				k, _ := kv[0].(string)
+				v, _ := kv[1].(string)
+				if k != OriginUserProperty {
+					props.User = append(props.User, packets.UserProperty{Key: k, Val: v})
+				}
+			}
+		}
+	}
+	if origin == "" {
+		origin = "amqp"
+	}
+	props.User = append(props.User, packets.UserProperty{Key: OriginUserProperty, Val: origin})
+	if rt, ok := d.Headers[HeaderResponseTopic].(string); ok {
+		props.ResponseTopic = rt
+	}
+	if cd, ok := d.Headers[HeaderCorrelationData].([]byte); ok {
+		props.CorrelationData = cd
+	}
+	if pf, ok := asInt(d.Headers[HeaderPayloadFormat]); ok {
+		props.PayloadFormat, props.PayloadFormatFlag = byte(pf), true
+	}
+	pk := packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: qos, Retain: retain},
+		TopicName:   topic,
+		Payload:     d.Body,
+		Properties:  props,
+	}
+	if qos > 0 {
+		pk.PacketID = 1 // the inline client never acknowledges; Mochi only checks it is set
+	}
+	if err := b.server.InjectPacket(b.inline, pk); err != nil {
+		b.log.Warn("bridge: injecting remote message failed", "topic", topic, "error", err)
+		return importFailed
+	}
+	return importDelivered
+}
+
+func asInt(v interface{}) (int64, bool) {
+	switch n := v.(type) {
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case int16:
+		return int64(n), true
+	case int8:
+		return int64(n), true
+	case uint8:
+		return int64(n), true
+	case int:
+		return int64(n), true
+	}
+	return 0, false
+}
+
+// desiredBindings computes the import queue's bindings from the local
+// subscriptions.
+func (b *Bridge) desiredBindings() map[Binding]struct{} {
+	want := map[Binding]struct{}{}
+	for id, cl := range b.server.Clients.GetAll() {
+		if id == mqtt.InlineClientId {
+			continue
+		}
+		for filter := range cl.State.Subscriptions.GetAll() {
+			f := filter
+			if mqtt.IsSharedFilter(f) {
+				// $share/<group>/<filter>: the group wants each message once.
+				parts := strings.SplitN(f, "/", 3)
+				if len(parts) < 3 {
+					continue
+				}
+				f = parts[2]
+			}
+			if f == "" || strings.HasPrefix(f, "$") {
+				continue
+			}
+			for _, x := range b.exchanges {
+				for _, e := range x.filters {
+					if i, ok := IntersectFilters(f, e); ok {
+						want[Binding{Exchange: x.name, Key: MQTTToAMQP(i)}] = struct{}{}
+					}
+				}
+			}
+		}
+	}
+	return want
+}
+
+func randomHex(n int) string {
+	buf := make([]byte, n)
+	_, _ = rand.Read(buf)
+	return hex.EncodeToString(buf)
+}
+
+// hook feeds the bridge from Mochi events.
+type hook struct {
+	mqtt.HookBase
+	b *Bridge
+}
+
+// ID identifies the hook to Mochi.
+func (h *hook) ID() string { return "luffymq-bridge" }
+
+// Provides tells Mochi which events the hook handles.
+func (h *hook) Provides(e byte) bool {
+	switch e {
+	case mqtt.OnPublished, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSessionEstablished,
+		mqtt.OnDisconnect, mqtt.OnClientExpired:
+		return true
+	}
+	return false
+}
+
+// OnPublished exports a message once local subscribers have it.
+func (h *hook) OnPublished(cl *mqtt.Client, pk packets.Packet) { h.b.export(cl, pk) }
+
+// OnSubscribed updates the bindings.
+func (h *hook) OnSubscribed(*mqtt.Client, packets.Packet, []byte) { h.b.markDirty() }
+
+// OnUnsubscribed updates the bindings.
+func (h *hook) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.b.markDirty() }
+
+// OnSessionEstablished updates the bindings (a resumed or replaced session).
+func (h *hook) OnSessionEstablished(*mqtt.Client, packets.Packet) { h.b.markDirty() }
+
+// OnDisconnect updates the bindings when the session ends.
+func (h *hook) OnDisconnect(_ *mqtt.Client, _ error, expire bool) {
+	if expire {
+		h.b.markDirty()
+	}
+}
+
+// OnClientExpired updates the bindings.
+func (h *hook) OnClientExpired(*mqtt.Client) { h.b.markDirty() }

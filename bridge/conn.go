@@ -1,0 +1,330 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// run keeps a RabbitMQ session alive until ctx ends, reconnecting with
+// exponential backoff.
+func (b *Bridge) run(ctx context.Context) {
+	backoff := b.cfg.ReconnectMin
+	failures := 0
+	var lastLog time.Time
+	for {
+		start := time.Now()
+		err := b.session(ctx, func() {
+			if failures > 0 {
+				b.log.Info("bridge connected to RabbitMQ", "amqp", redact(b.cfg.AMQPURL), "after_attempts", failures+1)
+			} else {
+				b.log.Info("bridge connected to RabbitMQ", "amqp", redact(b.cfg.AMQPURL))
+			}
+			failures = 0
+			backoff = b.cfg.ReconnectMin
+		})
+		b.setConnected(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > time.Minute {
+			backoff = b.cfg.ReconnectMin
+		}
+		failures++
+		b.stats.reconnects.Add(1)
+		// One clear line on the first failure, then a reminder at most
+		// once a minute.
+		if failures == 1 || time.Since(lastLog) > time.Minute {
+			lastLog = time.Now()
+			b.log.Error("bridge: "+describe(err, b.cfg.AMQPURL)+"; local MQTT clients are still served; retrying",
+				"attempt", failures, "next_retry", backoff)
+		} else {
+			b.log.Debug("bridge: reconnect failed", "attempt", failures, "error", err)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, b.cfg.ReconnectMax)
+	}
+}
+
+// describe turns a session error into a message that says what to check.
+func describe(err error, rawURL string) string {
+	u := redact(rawURL)
+	var opErr *net.OpError
+	var amqpErr *amqp.Error
+	switch {
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return fmt.Sprintf("RabbitMQ unreachable at %s (%v): is the node running and is --amqp-url right?", u, opErr.Err)
+	case errors.As(err, &amqpErr) && amqpErr.Code == amqp.AccessRefused:
+		return fmt.Sprintf("RabbitMQ at %s refused the credentials: check the user and password in --amqp-url", u)
+	case errors.Is(err, amqp.ErrCredentials):
+		return fmt.Sprintf("RabbitMQ at %s refused the credentials: check the user and password in --amqp-url", u)
+	case errors.Is(err, amqp.ErrVhost):
+		return fmt.Sprintf("RabbitMQ at %s has no such virtual host: check the path of --amqp-url", u)
+	default:
+		return fmt.Sprintf("RabbitMQ connection to %s lost: %s", u, strings.ReplaceAll(fmt.Sprint(err), "\n", " "))
+	}
+}
+
+func (b *Bridge) setConnected(v bool) {
+	b.mu.Lock()
+	b.connected = v
+	b.mu.Unlock()
+}
+
+// session runs one connection: topology, publisher, importer and binder.
+// It returns when the connection fails or ctx ends.
+func (b *Bridge) session(ctx context.Context, onUp func()) error {
+	conn, err := amqp.DialConfig(b.cfg.AMQPURL, amqp.Config{
+		Heartbeat:  b.cfg.Heartbeat,
+		Locale:     "en_US",
+		Dial:       amqp.DefaultDial(5 * time.Second),
+		Properties: amqp.Table{"connection_name": "luffymq-bridge-" + b.cfg.Site},
+	})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	topo, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening topology channel: %w", err)
+	}
+	if err := b.declare(topo); err != nil {
+		return err
+	}
+	pubCh, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening publisher channel: %w", err)
+	}
+	if err := pubCh.Confirm(false); err != nil {
+		return fmt.Errorf("enabling publisher confirms: %w", err)
+	}
+	subCh, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening import channel: %w", err)
+	}
+	if err := subCh.Qos(b.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("setting prefetch %d: %w", b.cfg.Prefetch, err)
+	}
+	deliveries, err := subCh.Consume(b.queue, "luffymq-import-"+b.cfg.Site, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consuming %s: %w", b.queue, err)
+	}
+	b.setConnected(true)
+	onUp()
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 3)
+	var wg sync.WaitGroup
+	for _, loop := range []func(context.Context) error{
+		func(c context.Context) error { return b.publishLoop(c, pubCh) },
+		func(c context.Context) error { return b.importLoop(c, deliveries) },
+		func(c context.Context) error { return b.bindLoop(c, topo) },
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := loop(sctx); err != nil && sctx.Err() == nil {
+				errs <- err
+			}
+		}()
+	}
+	var result error
+	select {
+	case <-ctx.Done():
+	case e, ok := <-closed:
+		if ok && e != nil {
+			result = e
+		} else {
+			result = errors.New("connection closed")
+		}
+	case result = <-errs:
+	}
+	cancel()
+	_ = conn.Close() // unblocks the loops waiting on RabbitMQ
+	wg.Wait()
+	return result
+}
+
+// declare creates the exchanges and the import queue. The first session of
+// the process recreates the queue, dropping bindings and messages left by
+// an earlier process (its sessions are gone too unless Mochi persists
+// them, in which case the bindings are recomputed from the restored
+// subscriptions).
+func (b *Bridge) declare(ch *amqp.Channel) error {
+	for _, x := range b.exchanges {
+		if err := ch.ExchangeDeclare(x.name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declaring exchange %s: %w", x.name, err)
+		}
+	}
+	b.mu.Lock()
+	fresh := b.queueFresh
+	b.mu.Unlock()
+	if !fresh {
+		if _, err := ch.QueueDelete(b.queue, false, false, false); err != nil {
+			return fmt.Errorf("deleting stale queue %s: %w", b.queue, err)
+		}
+	}
+	args := amqp.Table{
+		"x-max-length": int64(b.cfg.QueueMaxLength),
+		"x-overflow":   "drop-head",
+		"x-expires":    b.cfg.QueueExpires.Milliseconds(),
+	}
+	if _, err := ch.QueueDeclare(b.queue, true, false, false, false, args); err != nil {
+		return fmt.Errorf("declaring queue %s: %w", b.queue, err)
+	}
+	b.mu.Lock()
+	if !b.queueFresh {
+		b.queueFresh = true
+		b.bound = map[Binding]struct{}{}
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+// publishLoop publishes the outbox with confirms; unconfirmed messages go
+// back to the outbox for the next session.
+func (b *Bridge) publishLoop(ctx context.Context, ch *amqp.Channel) error {
+	for {
+		batch, err := b.outbox.take(ctx, 256)
+		if err != nil {
+			return nil
+		}
+		confirms := make([]*amqp.DeferredConfirmation, 0, len(batch))
+		var pubErr error
+		for _, m := range batch {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, m.exchange, m.key, false, false, m.pub)
+			if err != nil {
+				pubErr = fmt.Errorf("publishing to %s: %w", m.exchange, err)
+				break
+			}
+			confirms = append(confirms, dc)
+		}
+		var retry []*outMsg
+		for i, m := range batch {
+			if i >= len(confirms) {
+				retry = append(retry, m)
+				continue
+			}
+			select {
+			case <-confirms[i].Done():
+			case <-ctx.Done():
+			}
+			if confirms[i].Acked() {
+				b.stats.exported(m.exchange)
+				continue
+			}
+			m.attempts++
+			if m.attempts > 5 && ctx.Err() == nil && pubErr == nil {
+				b.stats.nacked.Add(1)
+				b.log.Warn("bridge: RabbitMQ refused a message 5 times; dropped", "exchange", m.exchange, "routing_key", m.key)
+				continue
+			}
+			retry = append(retry, m)
+		}
+		b.outbox.requeue(retry)
+		if pubErr != nil {
+			return pubErr
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// importLoop injects deliveries into the local broker and acknowledges
+// them once injected.
+func (b *Bridge) importLoop(ctx context.Context, deliveries <-chan amqp.Delivery) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("import consumer cancelled")
+			}
+			r := b.inject(d)
+			b.stats.imported(d.Exchange, r)
+			if r == importFailed {
+				_ = d.Nack(false, true)
+				continue
+			}
+			if err := d.Ack(false); err != nil {
+				return fmt.Errorf("acknowledging import: %w", err)
+			}
+		}
+	}
+}
+
+// bindLoop keeps the import queue's bindings equal to what local
+// subscriptions need. Recomputations are at least 20 ms apart, so
+// subscription storms cost a bounded amount of work.
+func (b *Bridge) bindLoop(ctx context.Context, ch *amqp.Channel) error {
+	first := true
+	for {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-b.dirty:
+			}
+		}
+		want := b.desiredBindings()
+		b.mu.Lock()
+		var add, del []Binding
+		for k := range want {
+			if _, ok := b.bound[k]; !ok || first {
+				add = append(add, k)
+			}
+		}
+		for k := range b.bound {
+			if _, ok := want[k]; !ok {
+				del = append(del, k)
+			}
+		}
+		b.mu.Unlock()
+		first = false
+		for _, k := range add {
+			if err := ch.QueueBind(b.queue, k.Key, k.Exchange, false, nil); err != nil {
+				b.markDirty()
+				return fmt.Errorf("binding %s to %s with %q: %w", b.queue, k.Exchange, k.Key, err)
+			}
+			b.mu.Lock()
+			b.bound[k] = struct{}{}
+			b.mu.Unlock()
+		}
+		for _, k := range del {
+			if err := ch.QueueUnbind(b.queue, k.Key, k.Exchange, nil); err != nil {
+				b.markDirty()
+				return fmt.Errorf("unbinding %s from %s with %q: %w", b.queue, k.Exchange, k.Key, err)
+			}
+			b.mu.Lock()
+			delete(b.bound, k)
+			b.mu.Unlock()
+		}
+		if len(add)+len(del) > 0 {
+			b.log.Debug("bridge bindings updated", "added", len(add), "removed", len(del))
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}

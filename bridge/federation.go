@@ -1,0 +1,249 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
+)
+
+// UpstreamPrefix starts the name of every federation upstream the bridge
+// manages; ApplyFederation removes those that are no longer wanted and
+// leaves others alone.
+const UpstreamPrefix = "luffymq-"
+
+// DefaultPolicyName names the policy that federates pub/sub exchanges.
+const DefaultPolicyName = "luffymq-pubsub-federation"
+
+// Upstream is a site this site's pub/sub exchanges receive messages from.
+type Upstream struct {
+	// Site names the upstream site; the upstream is called
+	// UpstreamPrefix+Site.
+	Site string
+	// URI is the upstream node's AMQP URI as reachable from this site.
+	URI string
+}
+
+// FederationConfig is the federation set-up of one site's RabbitMQ node.
+type FederationConfig struct {
+	// ManagementURL is the node's management API (http://host:15672).
+	ManagementURL string
+	// Username and Password log in to the management API.
+	Username, Password string
+	// Vhost is the virtual host ("/").
+	Vhost string
+	// Upstreams are the sites this site federates from; an empty list
+	// removes the federation.
+	Upstreams []Upstream
+	// Pattern selects the federated exchanges (`^pubsub\.`).
+	Pattern string
+	// PolicyName names the policy (DefaultPolicyName).
+	PolicyName string
+	// MaxHops bounds how many federation links a message may cross (1, as
+	// in a full mesh; a star through a hub needs 2).
+	MaxHops int
+	// MessageTTL bounds how long messages wait in an upstream's federation
+	// queue while the link is down (1 h).
+	MessageTTL time.Duration
+	// Expires deletes an upstream's federation queue after the link has
+	// been down this long (1 h).
+	Expires time.Duration
+	// ReconnectDelay is how long a failed link waits before reconnecting
+	// (1 s).
+	ReconnectDelay time.Duration
+	// PrefetchCount bounds unconfirmed messages per link (1000).
+	PrefetchCount int
+}
+
+func (c FederationConfig) withDefaults() (FederationConfig, error) {
+	if c.ManagementURL == "" {
+		return c, fmt.Errorf("%w: federation: management URL is empty", ErrInvalidConfig)
+	}
+	if c.Vhost == "" {
+		c.Vhost = "/"
+	}
+	if c.Pattern == "" {
+		c.Pattern = `^pubsub\.`
+	}
+	if c.PolicyName == "" {
+		c.PolicyName = DefaultPolicyName
+	}
+	if c.MaxHops <= 0 {
+		c.MaxHops = 1
+	}
+	if c.MessageTTL <= 0 {
+		c.MessageTTL = time.Hour
+	}
+	if c.Expires <= 0 {
+		c.Expires = time.Hour
+	}
+	if c.ReconnectDelay <= 0 {
+		c.ReconnectDelay = time.Second
+	}
+	if c.PrefetchCount <= 0 {
+		c.PrefetchCount = 1000
+	}
+	seen := map[string]bool{}
+	for _, u := range c.Upstreams {
+		if !validName(u.Site) {
+			return c, fmt.Errorf("%w: federation upstream site %q: use letters, digits, '-' or '_'", ErrInvalidConfig, u.Site)
+		}
+		if seen[u.Site] {
+			return c, fmt.Errorf("%w: federation upstream site %q given twice", ErrInvalidConfig, u.Site)
+		}
+		seen[u.Site] = true
+		if !strings.HasPrefix(u.URI, "amqp://") && !strings.HasPrefix(u.URI, "amqps://") {
+			return c, fmt.Errorf("%w: federation upstream %s: URI %q is not amqp:// or amqps://", ErrInvalidConfig, u.Site, redact(u.URI))
+		}
+	}
+	return c, nil
+}
+
+// ApplyFederation makes the node's federation match cfg through the
+// management API: one upstream per entry of cfg.Upstreams and a policy
+// federating the exchanges that match cfg.Pattern from all of them.
+// Upstreams named with UpstreamPrefix that cfg no longer lists are removed.
+// It can be applied again at run time; nothing restarts.
+func ApplyFederation(ctx context.Context, cfg FederationConfig) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	rh, err := managementClient(cfg.ManagementURL, cfg.Username, cfg.Password)
+	if err != nil {
+		return err
+	}
+	want := map[string]bool{}
+	for _, u := range cfg.Upstreams {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		name := UpstreamPrefix + u.Site
+		want[name] = true
+		def := rabbithole.FederationDefinition{
+			Uri:            rabbithole.URISet{u.URI},
+			Expires:        int(cfg.Expires.Milliseconds()),
+			MessageTTL:     int32(cfg.MessageTTL.Milliseconds()),
+			MaxHops:        cfg.MaxHops,
+			PrefetchCount:  cfg.PrefetchCount,
+			ReconnectDelay: max(1, int(cfg.ReconnectDelay.Seconds())),
+			AckMode:        "on-confirm",
+			TrustUserId:    false,
+		}
+		if err := checkResponse(rh.PutFederationUpstream(cfg.Vhost, name, def)); err != nil {
+			return fmt.Errorf("federation: setting upstream %s (%s) on %s: %w", name, redact(u.URI), cfg.ManagementURL, err)
+		}
+	}
+	existing, err := rh.ListFederationUpstreamsIn(cfg.Vhost)
+	if err != nil {
+		return fmt.Errorf("federation: listing upstreams on %s: %w", cfg.ManagementURL, err)
+	}
+	for _, u := range existing {
+		if strings.HasPrefix(u.Name, UpstreamPrefix) && !want[u.Name] {
+			if err := checkResponse(rh.DeleteFederationUpstream(cfg.Vhost, u.Name)); err != nil {
+				return fmt.Errorf("federation: removing upstream %s on %s: %w", u.Name, cfg.ManagementURL, err)
+			}
+		}
+	}
+	if len(cfg.Upstreams) == 0 {
+		res, err := rh.DeletePolicy(cfg.Vhost, cfg.PolicyName)
+		if err != nil && (res == nil || res.StatusCode != http.StatusNotFound) {
+			return fmt.Errorf("federation: removing policy %s on %s: %w", cfg.PolicyName, cfg.ManagementURL, err)
+		}
+		return nil
+	}
+	policy := rabbithole.Policy{
+		Pattern:    cfg.Pattern,
+		ApplyTo:    "exchanges",
+		Priority:   1,
+		Definition: rabbithole.PolicyDefinition{"federation-upstream-set": "all"},
+	}
+	if err := checkResponse(rh.PutPolicy(cfg.Vhost, cfg.PolicyName, policy)); err != nil {
+		return fmt.Errorf("federation: setting policy %s (%s) on %s: %w", cfg.PolicyName, cfg.Pattern, cfg.ManagementURL, err)
+	}
+	return nil
+}
+
+// FullMesh returns the upstreams of site in a full mesh: every other site,
+// reached through uri(site, other). Use MaxHops 1 with it.
+func FullMesh(site string, sites []string, uri func(from, to string) string) []Upstream {
+	var ups []Upstream
+	for _, s := range sites {
+		if s != site {
+			ups = append(ups, Upstream{Site: s, URI: uri(site, s)})
+		}
+	}
+	return ups
+}
+
+// FederationLink is the state of one federation link, as the management
+// API reports it.
+type FederationLink struct {
+	// Upstream is the upstream's name.
+	Upstream string
+	// Exchange is the federated (downstream) exchange.
+	Exchange string
+	// Status is "running", "starting", "error" or "shutdown".
+	Status string
+	// Error is RabbitMQ's reason when Status is "error".
+	Error string
+}
+
+// FederationLinks lists the node's federation links, sorted by exchange and
+// upstream.
+func FederationLinks(ctx context.Context, managementURL, username, password string) ([]FederationLink, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rh, err := managementClient(managementURL, username, password)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := rh.ListFederationLinks()
+	if err != nil {
+		return nil, fmt.Errorf("federation: listing links on %s: %w", managementURL, err)
+	}
+	links := make([]FederationLink, 0, len(raw))
+	for _, l := range raw {
+		str := func(k string) string { s, _ := l[k].(string); return s }
+		links = append(links, FederationLink{
+			Upstream: str("upstream"),
+			Exchange: str("exchange"),
+			Status:   str("status"),
+			Error:    str("error"),
+		})
+	}
+	sort.Slice(links, func(i, j int) bool {
+		if links[i].Exchange != links[j].Exchange {
+			return links[i].Exchange < links[j].Exchange
+		}
+		return links[i].Upstream < links[j].Upstream
+	})
+	return links, nil
+}
+
+func managementClient(url, user, password string) (*rabbithole.Client, error) {
+	rh, err := rabbithole.NewClient(strings.TrimSuffix(url, "/"), user, password)
+	if err != nil {
+		return nil, fmt.Errorf("%w: management URL %q: %w", ErrInvalidConfig, url, err)
+	}
+	rh.SetTimeout(10 * time.Second)
+	return rh, nil
+}
+
+func checkResponse(res *http.Response, err error) error {
+	if err != nil {
+		return err
+	}
+	if res != nil {
+		defer res.Body.Close()
+		if res.StatusCode >= 300 {
+			return fmt.Errorf("management API answered %s", res.Status)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,252 @@
+package bridge_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/bridge"
+	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/rabbitharness"
+)
+
+// testSites are the sites of the shared RabbitMQ nodes.
+var testSites = []string{"berlin", "tunis", "montreal"}
+
+var (
+	nodesOnce sync.Once
+	nodes     *rabbitharness.Harness
+	nodesErr  error
+	fedOnce   sync.Once
+	fedErr    error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if nodes != nil {
+		_ = nodes.Close()
+	}
+	os.Exit(code)
+}
+
+// sharedNodes returns the package's RabbitMQ nodes, one per test site,
+// started in parallel on first use and stopped by TestMain.
+func sharedNodes(t *testing.T) *rabbitharness.Harness {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts RabbitMQ nodes")
+	}
+	rabbitharness.SkipIfUnavailable(t)
+	nodesOnce.Do(func() {
+		nodes, nodesErr = rabbitharness.Start(context.Background(), rabbitharness.Config{Sites: testSites})
+	})
+	require.NoError(t, nodesErr)
+	return nodes
+}
+
+// federatedNodes returns the shared nodes joined in a full mesh through
+// latency links (max-hops 1).
+func federatedNodes(t *testing.T) *rabbitharness.Harness {
+	t.Helper()
+	h := sharedNodes(t)
+	fedOnce.Do(func() {
+		uri := func(from, to string) string {
+			l, err := h.Link(h.Node(from), h.Node(to))
+			if err != nil {
+				fedErr = err
+				return ""
+			}
+			return l.AMQPURL()
+		}
+		for _, site := range testSites {
+			n := h.Node(site)
+			err := bridge.ApplyFederation(context.Background(), bridge.FederationConfig{
+				ManagementURL: n.ManagementURL(),
+				Username:      rabbitharness.User,
+				Password:      rabbitharness.Password,
+				Upstreams:     bridge.FullMesh(site, testSites, uri),
+				MaxHops:       1,
+			})
+			if fedErr == nil {
+				fedErr = err
+			}
+		}
+	})
+	require.NoError(t, fedErr)
+	return h
+}
+
+// startSite starts a luffymq broker bridged to node with the given exports.
+func startSite(t *testing.T, site string, amqpURL string, exports ...string) *broker.Broker {
+	t.Helper()
+	b, err := broker.New(broker.Config{
+		MQTTListen:     "127.0.0.1:0",
+		HTTPListen:     "127.0.0.1:0",
+		ReportInterval: time.Second,
+		Logger:         testLogger(t),
+		AMQPURL:        amqpURL,
+		Site:           site,
+		Exports:        exports,
+	})
+	require.NoError(t, err)
+	require.NoError(t, b.Start())
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("test", t.Name())
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// waitFederation waits until every site's node runs one federation link
+// per other site for exchange.
+func waitFederation(t *testing.T, h *rabbitharness.Harness, exchange string) {
+	t.Helper()
+	var last sync.Map
+	require.Eventually(t, func() bool {
+		for _, site := range testSites {
+			n := h.Node(site)
+			links, err := bridge.FederationLinks(context.Background(), n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
+			last.Store(site, fmt.Sprint(links, err))
+			if err != nil {
+				return false
+			}
+			running := 0
+			for _, l := range links {
+				if l.Exchange == exchange && l.Status == "running" {
+					running++
+				}
+			}
+			if running != len(testSites)-1 {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 100*time.Millisecond, "federation links of %s not all running: %s", exchange, stringer(func() string {
+		var b strings.Builder
+		last.Range(func(k, v any) bool { fmt.Fprintf(&b, "\n%s: %s", k, v); return true })
+		return b.String()
+	}))
+}
+
+// stringer formats lazily.
+type stringer func() string
+
+func (s stringer) String() string { return s() }
+
+// mqttClient is a paho.golang client that records what it receives.
+type mqttClient struct {
+	*paho.Client
+	conn net.Conn
+
+	mu       sync.Mutex
+	received []*paho.Publish
+}
+
+func connectMQTT(t *testing.T, addr, clientID string) *mqttClient {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	c := &mqttClient{conn: conn}
+	c.Client = paho.NewClient(paho.ClientConfig{
+		ClientID: clientID,
+		Conn:     conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
+			func(pr paho.PublishReceived) (bool, error) {
+				c.mu.Lock()
+				c.received = append(c.received, pr.Packet)
+				c.mu.Unlock()
+				return true, nil
+			},
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = c.Connect(ctx, &paho.Connect{ClientID: clientID, KeepAlive: 30, CleanStart: true})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = c.Disconnect(&paho.Disconnect{})
+		_ = conn.Close()
+	})
+	return c
+}
+
+func (c *mqttClient) subscribe(t *testing.T, filter string, qos byte, retainAsPublished bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{
+		{Topic: filter, QoS: qos, RetainAsPublished: retainAsPublished},
+	}})
+	require.NoError(t, err)
+}
+
+func (c *mqttClient) publish(t *testing.T, p *paho.Publish) {
+	t.Helper()
+	require.NoError(t, c.send(p))
+}
+
+// send publishes p and waits for its acknowledgement; safe off the test
+// goroutine.
+func (c *mqttClient) send(p *paho.Publish) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := c.Publish(ctx, p)
+	return err
+}
+
+// payloads returns how often each payload with prefix was received.
+func (c *mqttClient) payloads(prefix string) map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for _, p := range c.received {
+		if s := string(p.Payload); strings.HasPrefix(s, prefix) {
+			out[s]++
+		}
+	}
+	return out
+}
+
+// find returns the first received message with payload, or nil.
+func (c *mqttClient) find(payload string) *paho.Publish {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.received {
+		if string(p.Payload) == payload {
+			return p
+		}
+	}
+	return nil
+}
+
+// lockedBuffer collects logs written from several goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,118 @@
+package rabbitharness
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCityDelay(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want time.Duration
+	}{
+		{"berlin", "tunis", 22 * time.Millisecond},
+		{"Tunis", "Berlin", 22 * time.Millisecond},
+		{"Montréal", "Mexico City", 33 * time.Millisecond},
+		{"tokyo-2", "tunis", 120 * time.Millisecond},
+		{"mexico-city", "tokyo", 75 * time.Millisecond},
+		{"berlin", "berlin", 0},
+		{"paris", "berlin", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.a+"/"+tt.b, func(t *testing.T) {
+			require.Equal(t, tt.want, CityDelay(tt.a, tt.b))
+		})
+	}
+}
+
+// amqpHandshake sends the AMQP protocol header to addr and returns how long
+// the server took to answer with its first frame.
+func amqpHandshake(addr string) (time.Duration, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	if _, err := c.Write([]byte("AMQP\x00\x00\x09\x01")); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 7)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+func TestHarness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts RabbitMQ nodes")
+	}
+	h := StartT(t, Config{Sites: []string{"berlin", "tunis"}})
+	berlin, tunis := h.Node("berlin"), h.Node("tunis")
+	require.NotNil(t, berlin)
+	require.NotNil(t, tunis)
+	require.NotEqual(t, berlin.Name, tunis.Name)
+	require.Regexp(t, `^site-berlin-[0-9a-f]+@localhost$`, berlin.Name)
+
+	t.Run("management and plugins", func(t *testing.T) {
+		for _, n := range h.Nodes() {
+			req, err := http.NewRequest(http.MethodGet, n.ManagementURL()+"/api/overview", nil)
+			require.NoError(t, err)
+			req.SetBasicAuth(User, Password)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			var overview struct {
+				Node          string `json:"node"`
+				ExchangeTypes []struct {
+					Name string `json:"name"`
+				} `json:"exchange_types"`
+			}
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&overview))
+			resp.Body.Close()
+			require.Equal(t, n.Name, overview.Node)
+			var types []string
+			for _, et := range overview.ExchangeTypes {
+				types = append(types, et.Name)
+			}
+			require.Contains(t, types, "x-consistent-hash")
+			require.Contains(t, types, "x-federation-upstream")
+		}
+	})
+
+	t.Run("link delays, cuts and restores", func(t *testing.T) {
+		link, err := h.Link(berlin, tunis)
+		require.NoError(t, err)
+		again, err := h.Link(berlin, tunis)
+		require.NoError(t, err)
+		require.Same(t, link, again)
+		require.Equal(t, 22*time.Millisecond, link.Delay)
+
+		rtt, err := amqpHandshake(link.Addr())
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, rtt, 2*link.Delay, "a round trip crosses the link twice")
+		direct, err := amqpHandshake(tunis.AMQPAddr())
+		require.NoError(t, err)
+		require.Less(t, direct, rtt)
+
+		link.Cut()
+		_, err = amqpHandshake(link.Addr())
+		require.Error(t, err, "a cut link refuses connections")
+		require.NoError(t, link.Restore())
+		_, err = amqpHandshake(link.Addr())
+		require.NoError(t, err)
+	})
+
+	t.Run("close leaves no process", func(t *testing.T) {
+		require.NotEmpty(t, markedPIDs(func(v string) bool { return v == h.marker }))
+		require.NoError(t, h.Close())
+		require.Empty(t, markedPIDs(func(v string) bool { return v == h.marker }))
+	})
+}
