@@ -37,9 +37,9 @@ func (l *loadTracker) begin(slot int, now time.Time) {
 	l.mu.Unlock()
 }
 
-// end records that the handler in slot finished at now and returns whether
-// it is the first finished since the last report.
-func (l *loadTracker) end(slot int, now time.Time) (firstSinceReport bool) {
+// end records that the handler in slot finished at now and returns how many
+// handlers finished since the last report.
+func (l *loadTracker) end(slot int, now time.Time) (finishedSinceReport int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	d := now.Sub(l.running[slot])
@@ -55,7 +55,7 @@ func (l *loadTracker) end(slot int, now time.Time) (firstSinceReport bool) {
 	}
 	l.sumSinceReport += d
 	l.countSinceReport++
-	return l.countSinceReport == 1
+	return l.countSinceReport
 }
 
 // signal returns what the report schedule needs.
@@ -76,6 +76,7 @@ func (l *loadTracker) meanProcessingTime() (mean time.Duration, inFlight int) {
 // loadSnapshot is the tracker's share of a load report.
 type loadSnapshot struct {
 	processingTime time.Duration // mean of handlers finished since the last report
+	processed      int           // how many handlers that mean covers
 	inFlight       int
 	backlog        time.Duration
 	backlogKnown   bool
@@ -89,6 +90,7 @@ func (l *loadTracker) take(now time.Time, pending int) loadSnapshot {
 	var s loadSnapshot
 	if l.countSinceReport > 0 {
 		s.processingTime = l.sumSinceReport / time.Duration(l.countSinceReport)
+		s.processed = l.countSinceReport
 	}
 	l.sumSinceReport, l.countSinceReport = 0, 0
 	s.inFlight = l.inFlight

@@ -40,8 +40,8 @@ func TestLoadTrackerReportsMeanSinceLastReport(t *testing.T) {
 
 	l.begin(0, t0)
 	l.begin(1, t0)
-	require.True(t, l.end(0, t0.Add(10*time.Millisecond)), "first finish since the report")
-	require.False(t, l.end(1, t0.Add(30*time.Millisecond)))
+	require.Equal(t, 1, l.end(0, t0.Add(10*time.Millisecond)), "first finish since the report")
+	require.Equal(t, 2, l.end(1, t0.Add(30*time.Millisecond)))
 	finished, known := l.signal()
 	require.Equal(t, 2, finished)
 	require.True(t, known)

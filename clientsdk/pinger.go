@@ -264,7 +264,7 @@ func (p *reportPinger) sendReport(w *packetWriter, sched *reportSchedule, now ti
 	if err != nil {
 		return err
 	}
-	sched.sent(now, r.Pending, r.ProcessingTime > 0)
+	sched.sent(now, r.Pending, r.Processed)
 	p.lastPending.Store(int64(r.Pending))
 	p.jumpSignaled.Store(false)
 	p.reportsSent.Add(1)

@@ -17,6 +17,10 @@ const (
 	// reasonFirstMeasurement: a handler finished and no report on this
 	// connection carried a processing time yet.
 	reasonFirstMeasurement
+	// reasonWarmup: early on a connection, the number of messages
+	// measured since the last report reached the number already reported,
+	// so each warm-up report doubles what the broker's estimate rests on.
+	reasonWarmup
 	// reasonPendingJump: the pending count changed sharply.
 	reasonPendingJump
 	// reasonPeriodic: the report interval elapsed.
@@ -29,6 +33,8 @@ func (r reportReason) String() string {
 		return "connected"
 	case reasonFirstMeasurement:
 		return "first-measurement"
+	case reasonWarmup:
+		return "warm-up"
 	case reasonPendingJump:
 		return "pending-jump"
 	case reasonPeriodic:
@@ -45,14 +51,26 @@ type loadSignal struct {
 	meanKnown           bool // a processing time has ever been measured
 }
 
+// warmupLimit is how many measured messages the warm-up reports cover
+// (after 1, 2, 4, … 32 messages); the periodic reports take over then.
+const warmupLimit = 32
+
 // reportSchedule decides when the next load report is due on one
 // connection. It holds no clock: every call gets the time.
+//
+// Between two reports the broker predicts a member's backlog from its
+// processing-time estimate alone, so an estimate resting on one message
+// (the first-measurement report) can mislead it for a whole interval. The
+// warm-up reports refine it quickly: each is sent once as many messages
+// have been measured since the previous report as all reports before it
+// covered.
 type reportSchedule struct {
 	interval    time.Duration
 	connectedAt time.Time
 	lastReport  time.Time // zero before the first report on this connection
 	lastPending int       // pending count in the last report
 	ptReported  bool      // a report on this connection carried a processing time
+	measured    int       // messages the reports on this connection covered
 }
 
 func newReportSchedule(now time.Time, interval time.Duration) *reportSchedule {
@@ -68,6 +86,9 @@ func (s *reportSchedule) next(now time.Time, l loadSignal) (reportReason, time.T
 	}
 	if s.lastReport.IsZero() && l.meanKnown {
 		return reasonConnected, now
+	}
+	if s.ptReported && s.measured < warmupLimit && l.finishedSinceReport >= s.measured {
+		return reasonWarmup, now
 	}
 	base := s.lastReport
 	if base.IsZero() {
@@ -94,12 +115,14 @@ func (s *reportSchedule) next(now time.Time, l loadSignal) (reportReason, time.T
 	return reasonNone, periodic
 }
 
-// sent records a report sent at now.
-func (s *reportSchedule) sent(now time.Time, pending int, carriedProcessingTime bool) {
+// sent records a report sent at now that carried a processing time
+// measured over processed messages (0: none).
+func (s *reportSchedule) sent(now time.Time, pending, processed int) {
 	s.lastReport = now
 	s.lastPending = pending
-	if carriedProcessingTime {
+	if processed > 0 {
 		s.ptReported = true
+		s.measured += processed
 	}
 }
 

@@ -58,7 +58,7 @@ func (c *clockSchedule) advance(to time.Duration) {
 		if reason != reasonNone {
 			c.sent = append(c.sent, reason)
 			c.times = append(c.times, c.now.Sub(t0))
-			c.s.sent(c.now, c.load.pending, c.load.finishedSinceReport > 0)
+			c.s.sent(c.now, c.load.pending, c.load.finishedSinceReport)
 			c.load.finishedSinceReport = 0
 			continue
 		}
@@ -88,13 +88,37 @@ func TestScheduleReportsFirstMeasurementAtOnce(t *testing.T) {
 	require.Equal(t, []reportReason{reasonFirstMeasurement}, c.sent)
 	require.Equal(t, []time.Duration{150 * time.Millisecond}, c.times)
 
-	// Later measurements wait for the period.
+	// Fewer new measurements than already reported wait for the period.
+	c.s.measured = warmupLimit // warm-up done (see TestScheduleWarmsUp)
 	c.load.finishedSinceReport = 3
 	c.advance(1100 * time.Millisecond)
 	require.Equal(t, []reportReason{reasonFirstMeasurement}, c.sent)
 	c.advance(1150 * time.Millisecond)
 	require.Equal(t, []reportReason{reasonFirstMeasurement, reasonPeriodic}, c.sent)
 	require.Equal(t, 1150*time.Millisecond, c.times[1], "the period restarts at the last report")
+}
+
+// TestScheduleWarmsUp: after the first measurement, a report goes out each
+// time the messages measured since the last report reach those already
+// reported (after 1, 2, 4, … 32 in all), then only on the period.
+func TestScheduleWarmsUp(t *testing.T) {
+	c := newClockSchedule(t, time.Second)
+	var covered []int
+	total := 0
+	for step := 0; step < 100; step++ {
+		c.now = c.now.Add(25 * time.Millisecond) // one message finishes every 25 ms
+		c.load = loadSignal{finishedSinceReport: c.load.finishedSinceReport + 1, meanKnown: true}
+		total++
+		before := len(c.sent)
+		c.advance(c.now.Sub(t0))
+		if len(c.sent) > before {
+			covered = append(covered, total)
+		}
+	}
+	require.Equal(t, []reportReason{reasonFirstMeasurement, reasonWarmup, reasonWarmup, reasonWarmup,
+		reasonWarmup, reasonWarmup, reasonPeriodic}, c.sent)
+	require.Equal(t, []int{1, 2, 4, 8, 16, 32, 72}, covered,
+		"reports after 1, 2, 4, 8, 16 and 32 messages (at 800 ms), then a second later (40 messages on)")
 }
 
 func TestScheduleReportsPendingJumpRateLimited(t *testing.T) {

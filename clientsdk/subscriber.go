@@ -513,8 +513,10 @@ func (s *Subscriber) process(slot int, d *delivery) {
 		s.load.begin(slot, time.Now())
 		err := s.callHandler(d.msg)
 		end := time.Now()
-		if s.load.end(slot, end) {
-			s.pinger.signal() // perhaps the first measurement the broker has not heard of
+		if n := s.load.end(slot, end); n&(n-1) == 0 && n <= warmupLimit {
+			// Perhaps a first measurement, or enough new ones for a
+			// warm-up report: let the schedule decide.
+			s.pinger.signal()
 		}
 		if err == nil {
 			s.processed.Add(1)
@@ -623,6 +625,7 @@ func (s *Subscriber) takeReport(now time.Time) report.Report {
 	return report.Report{
 		Pending:        pending,
 		ProcessingTime: snap.processingTime,
+		Processed:      snap.processed,
 		Workers:        s.cfg.Workers,
 		InProgress:     snap.inFlight,
 		Backlog:        snap.backlog,

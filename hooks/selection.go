@@ -222,6 +222,7 @@ func (h *SelectionHook) applyReport(cl *mqtt.Client, payload []byte, via ReportC
 		ProcessingTime: r.ProcessingTime,
 		Workers:        r.Workers,
 		InProgress:     r.InProgress,
+		Processed:      r.Processed,
 		Backlog:        r.Backlog,
 		HasBacklog:     r.HasBacklog,
 		Received:       r.Received,

@@ -472,3 +472,29 @@ func TestAdaptiveSilentNewcomer(t *testing.T) {
 	require.NotEqual(t, "n", f.sel(), "capped at two")
 	require.Equal(t, ms(50), f.wait("n"))
 }
+
+// TestServiceEstimateWeighsReportsByProcessedCount: a report averaging many
+// messages outweighs the noisy first measurement of a single message.
+func TestServiceEstimateWeighsReportsByProcessedCount(t *testing.T) {
+	clock := scoring.NewManualClock(time.Unix(0, 0))
+	e, err := scoring.NewEngine(scoring.Config{Strategy: "adaptive", Clock: clock})
+	require.NoError(t, err)
+	e.Connect("w")
+	e.Join("$share/g/t", "w")
+	e.Report("w", scoring.Load{ProcessingTime: 27 * time.Millisecond, Processed: 1})
+	e.Report("w", scoring.Load{ProcessingTime: 25 * time.Millisecond, Processed: 31})
+	got := e.Snapshot()[0].Members[0].ServiceEstimate
+	require.InDelta(t, float64(25062500*time.Nanosecond), float64(got), float64(time.Microsecond),
+		"(27×1 + 25×31) / 32 = 25.0625 ms")
+
+	// Without counts (plain clients) reports weigh the same.
+	e.Connect("p")
+	e.Join("$share/g/t", "p")
+	e.Report("p", scoring.Load{ProcessingTime: 27 * time.Millisecond})
+	e.Report("p", scoring.Load{ProcessingTime: 25 * time.Millisecond})
+	for _, m := range e.Snapshot()[0].Members {
+		if m.ClientID == "p" {
+			require.Equal(t, 26*time.Millisecond, m.ServiceEstimate)
+		}
+	}
+}

@@ -23,21 +23,31 @@ type Load struct {
 	// until it could start a newly received message.
 	Backlog    time.Duration
 	HasBacklog bool
+	// Processed is how many messages ProcessingTime averages; 0 counts
+	// as 1. The adaptive estimate weighs reports by it.
+	Processed int
 	// Received, when HasReceived, counts the messages the member received
 	// on this connection, so messages still on the wire can be counted.
 	Received    uint64
 	HasReceived bool
 }
 
-// durationWindow keeps the last reportWindow values and their mean.
+// durationWindow keeps the last reportWindow values, each with a weight,
+// and their weighted mean.
 type durationWindow struct {
-	values [reportWindow]time.Duration
-	count  int
-	next   int
+	values  [reportWindow]time.Duration
+	weights [reportWindow]int
+	count   int
+	next    int
 }
 
-func (w *durationWindow) push(d time.Duration) {
+// push adds d with weight 1.
+func (w *durationWindow) push(d time.Duration) { w.pushWeighted(d, 1) }
+
+// pushWeighted adds d counting weight times (at least once).
+func (w *durationWindow) pushWeighted(d time.Duration, weight int) {
 	w.values[w.next] = d
+	w.weights[w.next] = max(weight, 1)
 	w.next = (w.next + 1) % reportWindow
 	if w.count < reportWindow {
 		w.count++
@@ -48,11 +58,13 @@ func (w *durationWindow) mean() time.Duration {
 	if w.count == 0 {
 		return 0
 	}
-	var sum time.Duration
+	var sum float64
+	var total int
 	for i := 0; i < w.count; i++ {
-		sum += w.values[i]
+		sum += float64(w.values[i]) * float64(w.weights[i])
+		total += w.weights[i]
 	}
-	return sum / time.Duration(w.count)
+	return time.Duration(sum / float64(total))
 }
 
 // member is the load state of one client, shared by every group it is in.
@@ -202,7 +214,10 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 		m.workers = l.Workers
 	}
 	if l.ProcessingTime > 0 {
-		m.serviceWindow.push(l.ProcessingTime)
+		// A mean over many messages outweighs one over a single message:
+		// the first measurement alone is noisy, and between two reports
+		// the prediction runs on this estimate alone.
+		m.serviceWindow.pushWeighted(l.ProcessingTime, l.Processed)
 	}
 	svc := m.serviceOr(prior)
 

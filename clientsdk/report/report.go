@@ -66,6 +66,10 @@ type Report struct {
 	// whether it was present.
 	Backlog    time.Duration
 	HasBacklog bool
+	// Processed is how many messages ProcessingTime is the mean of
+	// (optional "processed"; 0 means not given). It lets the broker weigh a
+	// report covering many messages above one covering a single message.
+	Processed int
 	// Received is the number of messages the member has received on this
 	// connection (optional "received"); it lets the broker count messages
 	// still on the wire. HasReceived says whether it was present.
@@ -83,6 +87,7 @@ type wireReport struct {
 	Workers               json.RawMessage `json:"workers"`
 	InProgress            json.RawMessage `json:"inProgress"`
 	BacklogMs             json.RawMessage `json:"backlogMs"`
+	Processed             json.RawMessage `json:"processed"`
 	Received              json.RawMessage `json:"received"`
 }
 
@@ -139,6 +144,11 @@ func decodeJSON(body []byte) (Report, error) {
 	}
 	if present(w.InProgress) {
 		if r.InProgress, err = count("inProgress", w.InProgress); err != nil {
+			return Report{}, err
+		}
+	}
+	if present(w.Processed) {
+		if r.Processed, err = count("processed", w.Processed); err != nil {
 			return Report{}, err
 		}
 	}
@@ -230,6 +240,10 @@ func AppendJSON(buf []byte, r Report) []byte {
 	if r.InProgress > 0 {
 		buf = append(buf, `,"inProgress":`...)
 		buf = strconv.AppendInt(buf, int64(r.InProgress), 10)
+	}
+	if r.Processed > 0 {
+		buf = append(buf, `,"processed":`...)
+		buf = strconv.AppendInt(buf, int64(r.Processed), 10)
 	}
 	if r.HasBacklog {
 		buf = append(buf, `,"backlogMs":`...)

@@ -24,8 +24,8 @@ func TestDecodeAcceptsBothSpellings(t *testing.T) {
 		{"processing time optional", `{"msgsInQueue": 0}`, Report{}},
 		{"unknown keys ignored", `{"msgsInQueue": 1, "processingTimePerMsg": 1, "cpu": "high", "nested": {"a": [1]}}`,
 			Report{Pending: 1, ProcessingTime: time.Millisecond}},
-		{"luffymq extensions", `{"msgsInQueue":4,"processingTimePerMsg":10,"workers":2,"inProgress":2,"backlogMs":20.5,"received":99}`,
-			Report{Pending: 4, ProcessingTime: 10 * time.Millisecond, Workers: 2, InProgress: 2,
+		{"luffymq extensions", `{"msgsInQueue":4,"processingTimePerMsg":10,"workers":2,"inProgress":2,"processed":7,"backlogMs":20.5,"received":99}`,
+			Report{Pending: 4, ProcessingTime: 10 * time.Millisecond, Workers: 2, InProgress: 2, Processed: 7,
 				Backlog: 20500 * time.Microsecond, HasBacklog: true, Received: 99, HasReceived: true}},
 		{"leading whitespace", " \n{\"msgsInQueue\": 5}", Report{Pending: 5}},
 		{"properties area before the JSON", "\x05\x26\x00\x01a\x00" + `{"msgsInQueue": 6}`,
@@ -60,6 +60,7 @@ func TestDecodeRejectsBadInputWithClearErrors(t *testing.T) {
 		{"oversized", `{"msgsInQueue": 1, "pad": "` + strings.Repeat("x", MaxPayload) + `"}`, "allowed"},
 		{"bad workers", `{"msgsInQueue": 1, "workers": -2}`, "workers"},
 		{"bad received", `{"msgsInQueue": 1, "received": 0.5}`, "received"},
+		{"bad processed", `{"msgsInQueue": 1, "processed": -1}`, "processed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -75,7 +76,7 @@ func TestEncodeRoundTrips(t *testing.T) {
 	reports := []Report{
 		{},
 		{Pending: 3, ProcessingTime: 25100 * time.Microsecond},
-		{Pending: 1, ProcessingTime: time.Millisecond, Workers: 4, InProgress: 3,
+		{Pending: 1, ProcessingTime: time.Millisecond, Workers: 4, InProgress: 3, Processed: 9,
 			Backlog: 12 * time.Millisecond, HasBacklog: true, Received: 12345, HasReceived: true},
 		{Pending: 0, HasBacklog: true, HasReceived: true},
 	}
