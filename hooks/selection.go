@@ -128,9 +128,21 @@ func (h *SelectionHook) OnACLCheck(_ *mqtt.Client, topic string, write bool) boo
 
 // OnSessionEstablished starts the client's load state and, for a resumed
 // session, rejoins the shared groups it is still subscribed to.
+//
+// It also turns off Mochi's per-client send quota. Mochi 2.7.9 deadlocks
+// under QoS 1/2 load through that quota: after each inbound packet, while
+// the quota is positive and deliveries are in flight, the client's reader
+// calls Inflight.NextImmediate, which takes the in-flight read lock twice
+// (once more in GetAll); a publisher adding a delivery in between queues
+// for the write lock, and both wait forever. Without the quota that call
+// never happens. The client's Receive Maximum is then enforced by the
+// selection engine for shared groups: a member at its limit is chosen only
+// when every member is.
 func (h *SelectionHook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	e := h.cfg.Engine
 	e.Connect(cl.ID)
+	cl.State.Inflight.ResetSendQuota(0)
+	e.SetReceiveMaximum(cl.ID, int(cl.Properties.Props.ReceiveMaximum))
 	for filter := range cl.State.Subscriptions.GetAll() {
 		if mqtt.IsSharedFilter(filter) {
 			e.Join(filter, cl.ID)

@@ -498,3 +498,33 @@ func TestServiceEstimateWeighsReportsByProcessedCount(t *testing.T) {
 		}
 	}
 }
+
+// TestMemberAtReceiveMaximumIsSkipped: a member holding as many
+// unacknowledged deliveries as its Receive Maximum allows is chosen only
+// when every member is at its limit.
+func TestMemberAtReceiveMaximumIsSkipped(t *testing.T) {
+	for _, strategy := range scoring.Strategies() {
+		t.Run(strategy, func(t *testing.T) {
+			clock := scoring.NewManualClock(time.Unix(0, 0))
+			e, err := scoring.NewEngine(scoring.Config{Strategy: strategy, Clock: clock})
+			require.NoError(t, err)
+			for _, id := range []string{"a", "b"} {
+				e.Connect(id)
+				e.Join("$share/g/t", id)
+				e.SetReceiveMaximum(id, 2)
+			}
+			e.InFlightStarted("a")
+			e.InFlightStarted("a")
+			for i := 0; i < 10; i++ {
+				clock.Advance(time.Millisecond)
+				id, ok := e.SelectMember("$share/g/t", scoring.Message{PublisherID: "p", Topic: "t"})
+				require.True(t, ok)
+				require.Equal(t, "b", id, "a is at its Receive Maximum")
+			}
+			e.InFlightStarted("b")
+			e.InFlightStarted("b")
+			_, ok := e.SelectMember("$share/g/t", scoring.Message{PublisherID: "p", Topic: "t"})
+			require.True(t, ok, "with every member at its limit one is still chosen")
+		})
+	}
+}

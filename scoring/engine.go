@@ -269,6 +269,17 @@ func (e *Engine) SetInFlight(clientID string, n int) {
 	}
 }
 
+// SetReceiveMaximum records how many unacknowledged QoS≥1 deliveries
+// clientID accepts at once (its MQTT v5 Receive Maximum; 0 means no
+// limit). A member at its limit is chosen only when every member is.
+func (e *Engine) SetReceiveMaximum(clientID string, n int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if m, ok := e.members[clientID]; ok && n >= 0 {
+		m.receiveMax = n
+	}
+}
+
 // Message describes the message a member is selected for.
 type Message struct {
 	PublisherID string
@@ -294,6 +305,9 @@ func (e *Engine) SelectMember(groupKey string, msg Message) (clientID string, ok
 		g.totals[m.id]++
 	} else {
 		idx := e.strategy.selectIndex(e, g, msg, now)
+		if g.members[idx].atReceiveMaximum() {
+			idx = g.nextUnderReceiveMaximum(idx)
+		}
 		m = g.members[idx]
 		g.selections[idx]++
 	}

@@ -97,3 +97,15 @@ func (g *group) setOnline(m *member, online bool) {
 func (g *group) random(n int) int {
 	return int(splitmix(&g.rng) % uint64(n))
 }
+
+// nextUnderReceiveMaximum returns the first member after idx (in join
+// order, wrapping) that is below its Receive Maximum, or idx if none is.
+func (g *group) nextUnderReceiveMaximum(idx int) int {
+	n := len(g.members)
+	for k := 1; k < n; k++ {
+		if i := (idx + k) % n; !g.members[i].atReceiveMaximum() {
+			return i
+		}
+	}
+	return idx
+}

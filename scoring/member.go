@@ -88,6 +88,7 @@ type member struct {
 	workers         int
 	freeAt          time.Duration // predicted time it can start a new message
 	inflight        int           // QoS≥1 deliveries not yet acknowledged
+	receiveMax      int           // its Receive Maximum; 0: no limit
 	qosDeliveries   uint64        // QoS≥1 deliveries ever started
 	sentTotal       uint64        // messages selected for it on this connection
 	acksAreFinishes bool          // its acknowledgements mark finished processing
@@ -118,6 +119,7 @@ func (m *member) reset(now time.Duration) {
 	m.workers = 1
 	m.freeAt = now
 	m.inflight = 0
+	m.receiveMax = 0
 	m.qosDeliveries = 0
 	m.sentTotal = 0
 	m.acksAreFinishes = true
@@ -279,4 +281,10 @@ func (m *member) assumedInFlight(now, start, svc time.Duration) int {
 		return 0
 	}
 	return int((start - now + svc - 1) / svc)
+}
+
+// atReceiveMaximum reports whether the member holds as many unacknowledged
+// deliveries as its Receive Maximum allows.
+func (m *member) atReceiveMaximum() bool {
+	return m.receiveMax > 0 && m.inflight >= m.receiveMax
 }
