@@ -5,7 +5,7 @@ BIN       := bin
 PKGS      := ./...
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: run build test test-short lint fmt deps fuzz bench clean
+.PHONY: run build test test-short lint fmt deps fuzz bench demo-multisite clean
 
 ## run: build and start luffymq with defaults (MQTT :1883, HTTP 127.0.0.1:8080, strategy adaptive)
 run: build
@@ -45,6 +45,22 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./clientsdk/report/
 	$(GO) test -run '^$$' -fuzz '^FuzzConnRead$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
+	$(GO) test -run '^$$' -fuzz '^FuzzTopicMapping$$' -fuzztime $(FUZZTIME) ./bridge/
+
+## bench: representative benchmarks (< 10 min on 2 cores) into bench/results/, then refresh the README section
+BENCH_OUT     ?= bench/results
+BENCH_SYSTEMS ?= adaptive,thesis,round-robin,mosquitto,mochi,oracle
+bench:
+	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench
+	./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --repeat 3 --systems $(BENCH_SYSTEMS) --scenario thesis-2
+	./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --merge --repeat 3 --duration 4s --systems adaptive,round-robin,mosquitto,oracle --scenario thesis-1
+	./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --merge --repeat 1 --duration 13s --systems adaptive,round-robin,oracle --scenario step --scenario join
+	./$(BIN)/luffy-bench throughput --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --messages 5000 --fanout-messages 2000 --timeout 20s
+	./scripts/update-bench-readme.sh $(BENCH_OUT)/summary.md
+
+## demo-multisite: three sites (real RabbitMQ nodes + luffymq each) joined over emulated WAN links
+demo-multisite: deps
+	$(GO) run ./examples/multisite
 
 clean:
 	rm -rf $(BIN)

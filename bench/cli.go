@@ -1,0 +1,430 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, strings.Split(v, ",")...); return nil }
+
+const usage = `Usage: luffy-bench COMMAND [flags]
+
+Commands:
+  shared      shared-subscription latency scenarios (set A of docs/scenarios.md)
+  throughput  broker throughput, shared fan-in and plain fan-out (set B)
+  summary     rewrite DIR/summary.md from DIR/results.json and DIR/throughput.json
+
+Run luffy-bench COMMAND --help for its flags.
+`
+
+// Main runs luffy-bench with args (without the program name) and returns the
+// exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch args[0] {
+	case "shared":
+		err = sharedCommand(ctx, args[1:], stdout, stderr)
+	case "throughput":
+		err = throughputCommand(ctx, args[1:], stdout, stderr)
+	case "summary":
+		fs := flag.NewFlagSet("luffy-bench summary", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		out := fs.String("out", "", "results directory")
+		if err = fs.Parse(args[1:]); err == nil {
+			if *out == "" {
+				err = errors.New("--out DIR is required")
+			} else {
+				err = WriteSummary(*out)
+			}
+		}
+	default:
+		err = fmt.Errorf("unknown command %q (want shared, throughput or summary)", args[0])
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "luffy-bench:", err)
+		return 1
+	}
+	return 0
+}
+
+// SharedConfig configures a set-A invocation.
+type SharedConfig struct {
+	Scenarios []string
+	Out       string
+	// Duration, when positive, replaces every scenario's publishing time
+	// (event times stay).
+	Duration     time.Duration
+	Repeat       int
+	Systems      []string
+	LuffyMQ      string
+	DrainTimeout time.Duration
+	// Merge keeps the runs of other scenarios already in Out/results.json.
+	Merge    bool
+	Progress io.Writer
+}
+
+func sharedCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("luffy-bench shared", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var scenarios stringList
+	fs.Var(&scenarios, "scenario", "scenario ID, repeatable: thesis-1, thesis-2, thesis-2-qos1, step, join, poisson, crash, or all")
+	out := fs.String("out", "", "output directory (required)")
+	duration := fs.Duration("duration", 0, "publishing time of every scenario (default: the scenario's own)")
+	repeat := fs.Int("repeat", 1, "runs of each scenario on each system")
+	systems := fs.String("systems", "all", "comma-separated systems: "+strings.Join(AllSystems(), ", ")+" (strategy names may omit luffymq-)")
+	luffymq := fs.String("luffymq", "", "luffymq binary (default: build ./cmd/luffymq of the current module)")
+	drain := fs.Duration("drain-timeout", 90*time.Second, "longest wait for every sent message to be dequeued after publishing ends")
+	merge := fs.Bool("merge", false, "keep runs of other scenarios already in DIR/results.json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	sys, err := ParseSystems(*systems)
+	if err != nil {
+		return err
+	}
+	if len(scenarios) == 1 && scenarios[0] == "all" {
+		scenarios = nil
+		for _, s := range Scenarios() {
+			scenarios = append(scenarios, s.ID)
+		}
+	}
+	return RunShared(ctx, SharedConfig{Scenarios: scenarios, Out: *out, Duration: *duration, Repeat: *repeat, Systems: sys,
+		LuffyMQ: *luffymq, DrainTimeout: *drain, Merge: *merge, Progress: stdout})
+}
+
+// RunShared runs set-A scenarios and writes results.json, summary.md and
+// plots into cfg.Out.
+func RunShared(ctx context.Context, cfg SharedConfig) error {
+	if cfg.Out == "" {
+		return errors.New("--out DIR is required")
+	}
+	if len(cfg.Scenarios) == 0 {
+		return errors.New("give at least one --scenario (or --scenario all)")
+	}
+	if cfg.Repeat < 1 || cfg.Repeat > 100 {
+		return fmt.Errorf("--repeat %d: want 1 to 100", cfg.Repeat)
+	}
+	if cfg.Duration < 0 || cfg.Duration > 10*time.Minute {
+		return fmt.Errorf("--duration %s: want up to 10m", cfg.Duration)
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 90 * time.Second
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	var scs []Scenario
+	for _, id := range cfg.Scenarios {
+		s, err := ScenarioByID(id)
+		if err != nil {
+			return err
+		}
+		if cfg.Duration > 0 {
+			s.Duration = cfg.Duration
+			if s.EventAt > 0 && s.EventAt >= s.Duration {
+				return fmt.Errorf("--duration %s: scenario %s has its event at %s; give a longer duration", cfg.Duration, s.ID, s.EventAt)
+			}
+		}
+		if !slices.ContainsFunc(scs, func(x Scenario) bool { return x.ID == s.ID }) {
+			scs = append(scs, s)
+		}
+	}
+	mosq := findMosquitto()
+	if slices.Contains(cfg.Systems, SystemMosquitto) && mosq == "" {
+		return errMosquittoMissing
+	}
+	logDir := filepath.Join(cfg.Out, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return fmt.Errorf("output directory: %w", err)
+	}
+	needLuffy := slices.ContainsFunc(cfg.Systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") })
+	bin := cfg.LuffyMQ
+	if needLuffy && bin == "" {
+		tmp, err := os.MkdirTemp("", "luffy-bench-bin-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		fmt.Fprintln(cfg.Progress, "building luffymq …")
+		if bin, err = buildLuffyMQ(ctx, tmp); err != nil {
+			return err
+		}
+	}
+	if needLuffy {
+		if _, err := os.Stat(bin); err != nil {
+			return fmt.Errorf("--luffymq %s: %w", bin, err)
+		}
+	}
+	results := &SharedResults{
+		Machine:   machineInfo(mosq),
+		Emulation: Emulation,
+		Latency:   "dequeue time (virtual service start) − scheduled publish time (the drift-free publisher's slot; the payload also carries the actual send time and results.json the publisher's worst lag); processing excluded",
+		Notes: []string{
+			"Subscribers are LuffyMQ SDK clientsdk.Subscribers on every system, reporting load at the broker's interval with the extended PINGREQ. A broker that closes the connection on an extended PINGREQ makes the SDK reconnect and publish its reports to $luffy/load instead, which on Mosquitto and Mochi would be ordinary messages nobody subscribes to; each run's notes say which channel was used (Mosquitto 2.0.11 was expected to close, see the notes).",
+			"luffymq runs as a separate process (the real binary); Mosquitto runs as a separate process with set_tcp_nodelay true; vanilla Mochi runs inside the benchmark process with default options.",
+			"The oracle replays the exact arrival trace with perfect-information earliest start and zero network delay (a lower bound; the same at QoS 1).",
+			"Members use clean sessions (session expiry 0).",
+		},
+	}
+	jsonPath := filepath.Join(cfg.Out, "results.json")
+	if cfg.Merge {
+		old, err := loadShared(jsonPath)
+		if err != nil {
+			return err
+		}
+		if old != nil {
+			for _, r := range old.Runs {
+				if !slices.ContainsFunc(scs, func(s Scenario) bool { return s.ID == r.Scenario }) {
+					r.Overall = r.Overall.unfinite()
+					for j := range r.PerSub {
+						r.PerSub[j].LatencyStats = r.PerSub[j].LatencyStats.unfinite()
+					}
+					results.Runs = append(results.Runs, r)
+				}
+			}
+		}
+	}
+
+	type job struct {
+		s      Scenario
+		system string
+		repeat int
+	}
+	var jobs []job
+	estimate := func(j job) float64 {
+		if j.system == SystemOracle {
+			return 0.05
+		}
+		return j.s.Duration.Seconds() + 2
+	}
+	total := 0.0
+	for _, s := range scs {
+		for r := 1; r <= cfg.Repeat; r++ {
+			for _, sys := range cfg.Systems {
+				jobs = append(jobs, job{s, sys, r})
+				total += estimate(jobs[len(jobs)-1])
+			}
+		}
+	}
+	starter := brokerStarter{LuffyMQ: bin, Mosquitto: mosq, LogDir: logDir}
+	opts := sharedOptions{brokers: starter, drainTimeout: cfg.DrainTimeout, logDir: logDir}
+	began := time.Now()
+	doneEst := 0.0
+	var scenarioRuns []RunResult
+	for k, j := range jobs {
+		if ctx.Err() != nil {
+			break
+		}
+		elapsed := time.Since(began)
+		eta := "?"
+		if doneEst > 0 {
+			eta = fmtDur(time.Duration(float64(elapsed) * (total - doneEst) / doneEst))
+		} else {
+			eta = "≈" + fmtDur(time.Duration(total*float64(time.Second)))
+		}
+		fmt.Fprintf(cfg.Progress, "[%d/%d] %s · %s · repeat %d/%d · elapsed %s · ETA %s\n", k+1, len(jobs), j.s.ID, j.system, j.repeat, cfg.Repeat, fmtDur(elapsed), eta)
+		seed := uint64(j.repeat)
+		trace := j.s.Trace(seed)
+		var r RunResult
+		if j.system == SystemOracle {
+			r = buildResult(j.s, j.system, j.repeat, len(trace), seed, Oracle(j.s, trace))
+		} else {
+			var err error
+			r, err = runLive(ctx, j.s, j.system, j.repeat, seed, trace, opts)
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				return fmt.Errorf("%s on %s: %w", j.s.ID, j.system, err)
+			}
+		}
+		doneEst += estimate(j)
+		fmt.Fprintf(cfg.Progress, "      mean %s ms · p99 %s ms · max %s ms · lost %d · dup %d · %.1f s\n",
+			fmtMs(r.Overall.Mean), fmtMs(r.Overall.P99), fmtMs(r.Overall.Max), r.Lost, r.Duplicated, r.WallSeconds)
+		results.Runs = append(results.Runs, r)
+		scenarioRuns = append(scenarioRuns, r)
+		results.Generated = time.Now().UTC()
+		if err := writeJSON(jsonPath, results); err != nil {
+			return err
+		}
+		if k == len(jobs)-1 || jobs[k+1].s.ID != j.s.ID {
+			if err := plotScenario(cfg.Out, j.s, scenarioRuns); err != nil {
+				return fmt.Errorf("plots of %s: %w", j.s.ID, err)
+			}
+			scenarioRuns = nil
+			if err := WriteSummary(cfg.Out); err != nil {
+				return err
+			}
+		}
+	}
+	if err := WriteSummary(cfg.Out); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted; partial results in %s", cfg.Out)
+	}
+	fmt.Fprintf(cfg.Progress, "done in %s: %s, %s\n", fmtDur(time.Since(began)), jsonPath, filepath.Join(cfg.Out, "summary.md"))
+	return nil
+}
+
+func fmtDur(d time.Duration) string {
+	d = d.Round(time.Second)
+	if d >= time.Minute {
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return fmt.Sprintf("%ds", int(d.Seconds()))
+}
+
+func throughputCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("luffy-bench throughput", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("out", "", "output directory (required)")
+	pubs := fs.Int("publishers", 4, "publishers")
+	shared := fs.Int("messages", 25000, "messages per publisher in the shared tests")
+	fan := fs.Int("fanout-messages", 10000, "messages per publisher in the fan-out tests")
+	members := fs.Int("members", 3, "shared-group members / fan-out subscribers")
+	inflight := fs.Int("inflight", 16, "QoS 1 publishes each publisher keeps in flight")
+	repeat := fs.Int("repeat", 1, "runs of each test on each system")
+	timeout := fs.Duration("timeout", 60*time.Second, "longest time one measurement may take")
+	systems := fs.String("systems", strings.Join(ThroughputSystems, ","), "comma-separated subset of "+strings.Join(ThroughputSystems, ", "))
+	luffymq := fs.String("luffymq", "", "luffymq binary (default: build ./cmd/luffymq of the current module)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	sys, err := ParseSystems(*systems)
+	if err != nil {
+		return err
+	}
+	for _, s := range sys {
+		if !slices.Contains(ThroughputSystems, s) {
+			return fmt.Errorf("system %s is not part of the throughput set (%s)", s, strings.Join(ThroughputSystems, ", "))
+		}
+	}
+	cfg := ThroughputConfig{Publishers: *pubs, SharedMessages: *shared, FanoutMessages: *fan, Members: *members, InFlight: *inflight, Repeat: *repeat, Timeout: *timeout}
+	return RunThroughput(ctx, *out, sys, *luffymq, cfg, stdout)
+}
+
+// RunThroughput runs set B and writes throughput.json, throughput.png and
+// refreshes summary.md in out.
+func RunThroughput(ctx context.Context, out string, systems []string, luffymq string, cfg ThroughputConfig, progress io.Writer) error {
+	if out == "" {
+		return errors.New("--out DIR is required")
+	}
+	if cfg.Publishers < 1 || cfg.Publishers > 64 || cfg.Members < 1 || cfg.Members > 64 || cfg.InFlight < 1 || cfg.InFlight > 1024 {
+		return errors.New("--publishers and --members want 1 to 64, --inflight 1 to 1024")
+	}
+	if cfg.SharedMessages < 1 || cfg.SharedMessages > 1_000_000 || cfg.FanoutMessages < 1 || cfg.FanoutMessages > 1_000_000 {
+		return errors.New("--messages and --fanout-messages want 1 to 1000000")
+	}
+	if cfg.Repeat < 1 || cfg.Repeat > 20 {
+		return errors.New("--repeat wants 1 to 20")
+	}
+	mosq := findMosquitto()
+	if slices.Contains(systems, SystemMosquitto) && mosq == "" {
+		return errMosquittoMissing
+	}
+	logDir := filepath.Join(out, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return err
+	}
+	if luffymq == "" && slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") }) {
+		tmp, err := os.MkdirTemp("", "luffy-bench-bin-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		fmt.Fprintln(progress, "building luffymq …")
+		if luffymq, err = buildLuffyMQ(ctx, tmp); err != nil {
+			return err
+		}
+	}
+	starter := brokerStarter{LuffyMQ: luffymq, Mosquitto: mosq, LogDir: logDir}
+	res := &ThroughputResults{Machine: machineInfo(mosq), Config: cfg}
+	logf, err := os.Create(filepath.Join(logDir, "throughput.clients.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	logger := slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	began := time.Now()
+	n := cfg.Repeat * len(ThroughputTests) * len(systems)
+	k := 0
+	for r := 1; r <= cfg.Repeat; r++ {
+		for _, t := range ThroughputTests {
+			for _, sys := range systems {
+				if ctx.Err() != nil {
+					return fmt.Errorf("interrupted")
+				}
+				k++
+				elapsed := time.Since(began)
+				eta := "?"
+				if k > 1 {
+					eta = fmtDur(elapsed / time.Duration(k-1) * time.Duration(n-k+1))
+				}
+				fmt.Fprintf(progress, "[%d/%d] throughput %s · %s · repeat %d/%d · elapsed %s · ETA %s\n", k, n, t.ID, sys, r, cfg.Repeat, fmtDur(elapsed), eta)
+				br, err := starter.start(ctx, sys, time.Second, fmt.Sprintf("throughput-%s-%s-r%d", t.ID, sys, r))
+				if err != nil {
+					return fmt.Errorf("throughput %s on %s: %w", t.ID, sys, err)
+				}
+				run := runThroughput(ctx, t, sys, r, br.Addr(), cfg, logger.With("system", sys, "test", t.ID))
+				if !within(cleanupTimeout, func() { _ = br.Close() }) {
+					run.Error = strings.TrimSpace(run.Error + " broker did not stop within " + cleanupTimeout.String() + " (left running)")
+				}
+				fmt.Fprintf(progress, "      %.0f msgs/s · p50 %s ms · p99 %s ms · delivered %d/%d %s\n", run.MsgsPerS, fmtMs(run.P50Ms), fmtMs(run.P99Ms), run.Delivered, run.Expected, run.Error)
+				res.Runs = append(res.Runs, run)
+			}
+		}
+	}
+	res.Generated = time.Now().UTC()
+	for i := range res.Runs {
+		for _, p := range []*float64{&res.Runs[i].P50Ms, &res.Runs[i].P99Ms} {
+			if *p != *p { // NaN: no deliveries
+				*p = -1
+			}
+		}
+	}
+	if err := writeJSON(filepath.Join(out, "throughput.json"), res); err != nil {
+		return err
+	}
+	if err := plotThroughput(filepath.Join(out, "throughput.png"), res); err != nil {
+		return err
+	}
+	if err := WriteSummary(out); err != nil {
+		return err
+	}
+	fmt.Fprintf(progress, "done in %s: %s\n", fmtDur(time.Since(began)), filepath.Join(out, "throughput.json"))
+	return nil
+}

@@ -1,0 +1,103 @@
+package bench
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestOracleHandComputedTraces(t *testing.T) {
+	ms := time.Millisecond
+	tests := []struct {
+		name    string
+		members []Member
+		trace   []time.Duration
+		want    []Delivery // Seq, Member, Sent, Start
+	}{
+		{
+			name:    "ties go to the member idle longest, then the lowest index",
+			members: []Member{{Service: 10 * ms}, {Service: 10 * ms}},
+			trace:   []time.Duration{0, 0, 0, 5 * ms},
+			want: []Delivery{
+				{0, 0, 0, 0},
+				{1, 1, 0, 0},
+				{2, 0, 0, 10 * ms},
+				{3, 1, 5 * ms, 10 * ms},
+			},
+		},
+		{
+			name:    "a member is eligible only once it has joined",
+			members: []Member{{Service: 30 * ms}, {Service: 10 * ms, JoinAt: 20 * ms}},
+			trace:   []time.Duration{0, 10 * ms, 20 * ms},
+			want: []Delivery{
+				{0, 0, 0, 0},
+				{1, 0, 10 * ms, 30 * ms},
+				{2, 1, 20 * ms, 20 * ms},
+			},
+		},
+		{
+			name:    "a crashing member takes only what it finishes before the crash",
+			members: []Member{{Service: 10 * ms, CrashAt: 15 * ms}, {Service: 10 * ms}},
+			trace:   []time.Duration{0, 0, 0},
+			want: []Delivery{
+				{0, 0, 0, 0},
+				{1, 1, 0, 0},
+				{2, 1, 0, 10 * ms},
+			},
+		},
+		{
+			name:    "the service time that applies is the one at the service start",
+			members: []Member{{Service: 10 * ms, ChangeAt: 20 * ms, NewService: 30 * ms}},
+			trace:   []time.Duration{0, 10 * ms, 20 * ms, 25 * ms},
+			want: []Delivery{
+				{0, 0, 0, 0},
+				{1, 0, 10 * ms, 10 * ms},
+				{2, 0, 20 * ms, 20 * ms},
+				{3, 0, 25 * ms, 50 * ms},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Oracle(Scenario{Members: tt.members}, tt.trace)
+			require.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestOracleThesis2IsStableAtFullUtilisation(t *testing.T) {
+	s, err := ScenarioByID("thesis-2")
+	require.NoError(t, err)
+	trace := s.Trace(1)
+	require.Len(t, trace, 1500)
+	ds := Oracle(s, trace)
+	require.Len(t, ds, 1500)
+	r := buildResult(s, SystemOracle, 1, len(trace), 1, ds)
+	// Capacity equals the arrival rate: the earliest-start policy keeps the
+	// queueing delay bounded by one slow service time.
+	require.LessOrEqual(t, r.Overall.Max, 50.0)
+	require.Equal(t, 0, r.Lost)
+	require.InDelta(t, 100.0, s.Capacity(0), 1e-9)
+}
+
+func TestPoissonTraceIsReproducible(t *testing.T) {
+	s, err := ScenarioByID("poisson")
+	require.NoError(t, err)
+	a, b := s.Trace(7), s.Trace(7)
+	require.Equal(t, a, b)
+	require.NotEqual(t, a, s.Trace(8))
+	// Mean gap 8 ms over 30 s: about 3750 messages.
+	require.InDelta(t, 3750, len(a), 300)
+}
+
+func TestParseSystems(t *testing.T) {
+	got, err := ParseSystems("oracle,adaptive,mosquitto,luffymq-thesis")
+	require.NoError(t, err)
+	require.Equal(t, []string{"luffymq-adaptive", "luffymq-thesis", "mosquitto", "oracle"}, got)
+	_, err = ParseSystems("adaptive,rabbit")
+	require.ErrorContains(t, err, `unknown system "rabbit"`)
+	all, err := ParseSystems("")
+	require.NoError(t, err)
+	require.Equal(t, AllSystems(), all)
+}

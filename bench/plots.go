@@ -1,0 +1,454 @@
+package bench
+
+import (
+	"fmt"
+	"image/color"
+	"math"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// palette holds well-separated colours (Okabe–Ito plus extras).
+var palette = []color.RGBA{
+	{0, 114, 178, 255},   // blue
+	{213, 94, 0, 255},    // vermillion
+	{0, 158, 115, 255},   // green
+	{204, 121, 167, 255}, // purple
+	{230, 159, 0, 255},   // orange
+	{86, 180, 233, 255},  // sky
+	{120, 120, 120, 255}, // grey
+	{0, 0, 0, 255},       // black
+	{160, 82, 45, 255},   // brown
+	{240, 228, 66, 255},  // yellow
+}
+
+// systemColor gives each system the same colour in every plot.
+func systemColor(system string) color.Color {
+	i := systemOrder(system)
+	return palette[i%len(palette)]
+}
+
+func newPlot(title, x, y string) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.Title.TextStyle.Font.Size = vg.Points(13)
+	p.X.Label.Text = x
+	p.Y.Label.Text = y
+	p.Legend.Top = true
+	p.Legend.TextStyle.Font.Size = vg.Points(10)
+	p.Add(plotter.NewGrid())
+	return p
+}
+
+// logAxis turns the Y axis logarithmic between lo and hi.
+func logAxis(p *plot.Plot, lo, hi float64) {
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = readableLogTicks{}
+	p.Y.Min, p.Y.Max = lo, hi
+}
+
+// readableLogTicks labels powers of ten as plain numbers.
+type readableLogTicks struct{}
+
+func (readableLogTicks) Ticks(min, max float64) []plot.Tick {
+	var ts []plot.Tick
+	for e := math.Floor(math.Log10(min)); e <= math.Ceil(math.Log10(max)); e++ {
+		v := math.Pow(10, e)
+		if v >= min && v <= max {
+			ts = append(ts, plot.Tick{Value: v, Label: trimFloat(v)})
+		}
+		for k := 2.0; k < 10; k++ {
+			if w := k * v; w >= min && w <= max {
+				label := ""
+				if k == 2 || k == 5 {
+					label = trimFloat(w)
+				}
+				ts = append(ts, plot.Tick{Value: w, Label: label})
+			}
+		}
+	}
+	return ts
+}
+
+func trimFloat(v float64) string {
+	s := fmt.Sprintf("%g", v)
+	return s
+}
+
+// logBars is a bar chart whose bars start at Floor, for log axes.
+type logBars struct {
+	Values []float64
+	Floor  float64
+	Width  vg.Length
+	Offset vg.Length
+	Color  color.Color
+}
+
+func (b *logBars) Plot(c draw.Canvas, plt *plot.Plot) {
+	trX, trY := plt.Transforms(&c)
+	for i, v := range b.Values {
+		if math.IsNaN(v) {
+			continue
+		}
+		x := trX(float64(i)) - b.Width/2 + b.Offset
+		top := trY(math.Max(v, b.Floor))
+		bottom := trY(b.Floor)
+		pts := []vg.Point{{X: x, Y: bottom}, {X: x, Y: top}, {X: x + b.Width, Y: top}, {X: x + b.Width, Y: bottom}}
+		c.FillPolygon(b.Color, c.ClipPolygonY(pts))
+	}
+}
+
+func (b *logBars) DataRange() (xmin, xmax, ymin, ymax float64) {
+	ymin, ymax = b.Floor, b.Floor
+	for _, v := range b.Values {
+		if !math.IsNaN(v) {
+			ymax = math.Max(ymax, v)
+		}
+	}
+	return 0, float64(len(b.Values) - 1), ymin, ymax
+}
+
+func (b *logBars) Thumbnail(c *draw.Canvas) {
+	pts := []vg.Point{{X: c.Min.X, Y: c.Min.Y}, {X: c.Min.X, Y: c.Max.Y}, {X: c.Max.X, Y: c.Max.Y}, {X: c.Max.X, Y: c.Min.Y}}
+	c.FillPolygon(b.Color, c.ClipPolygonY(pts))
+}
+
+// subscriberColors are used for per-subscriber bars.
+var subscriberColors = []color.Color{palette[0], palette[1], palette[2], palette[3], palette[4]}
+
+// categoryAxis labels X positions 0..n-1 with names.
+func categoryAxis(p *plot.Plot, names []string) {
+	p.NominalX(names...)
+	p.X.Min, p.X.Max = -0.6, float64(len(names))-0.4
+}
+
+func shortName(system string) string {
+	return strings.TrimPrefix(system, "luffymq-")
+}
+
+// plotScenario writes the scenario's PNGs into dir.
+func plotScenario(dir string, s Scenario, runs []RunResult) error {
+	aggs := aggregateRuns(runs)
+	if err := plotSubscriberMeans(filepath.Join(dir, s.ID+"-subscriber-mean.png"), s, aggs); err != nil {
+		return err
+	}
+	if err := plotRates(filepath.Join(dir, s.ID+"-msgs-per-sec.png"), s, aggs); err != nil {
+		return err
+	}
+	if err := plotOverTime(filepath.Join(dir, s.ID+"-latency-over-time.png"), s, runs); err != nil {
+		return err
+	}
+	if s.EventAt > 0 {
+		if err := plotAdaptation(filepath.Join(dir, s.ID+"-adaptation.png"), s, runs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func memberLabel(s Scenario, i int) string {
+	return fmt.Sprintf("subscriber %d (%s)", i+1, s.Members[i].describe())
+}
+
+// plotSubscriberMeans is thesis fig. 44: mean latency per subscriber, per
+// system, log scale.
+func plotSubscriberMeans(path string, s Scenario, aggs []aggregate) error {
+	p := newPlot(fmt.Sprintf("%s: mean queueing latency per subscriber (median of runs)", s.ID), "system", "mean latency (ms, log scale)")
+	names := make([]string, len(aggs))
+	lo, hi := math.Inf(1), 0.0
+	for i, a := range aggs {
+		names[i] = shortName(a.System)
+		for _, v := range a.SubMean {
+			if !math.IsNaN(v) && v > 0 {
+				lo, hi = math.Min(lo, v), math.Max(hi, v)
+			}
+		}
+	}
+	floor := floorPow10(lo)
+	n := len(s.Members)
+	w := vg.Points(min(60/float64(n), 18))
+	for j := range n {
+		vals := make([]float64, len(aggs))
+		for i, a := range aggs {
+			vals[i] = math.NaN()
+			if j < len(a.SubMean) {
+				vals[i] = a.SubMean[j]
+			}
+		}
+		b := &logBars{Values: vals, Floor: floor, Width: w, Offset: w * vg.Length(float64(j)-float64(n-1)/2), Color: subscriberColors[j%len(subscriberColors)]}
+		p.Add(b)
+		p.Legend.Add(memberLabel(s, j), b)
+	}
+	logAxis(p, floor, ceilPow10(hi)*8) // headroom for the legend
+	categoryAxis(p, names)
+	p.Title.Text += "\n(a missing bar is a mean below " + trimFloat(floor) + " ms)"
+	return p.Save(vg.Length(max(7, 1.1*float64(len(aggs))))*vg.Inch, 4.5*vg.Inch, path)
+}
+
+func floorPow10(v float64) float64 {
+	if math.IsInf(v, 0) || v <= 0 {
+		return 0.01
+	}
+	return math.Max(math.Pow(10, math.Floor(math.Log10(v))), 0.001)
+}
+
+func ceilPow10(v float64) float64 {
+	if v <= 0 {
+		return 1
+	}
+	return math.Pow(10, math.Ceil(math.Log10(v)+1e-9))
+}
+
+// plotRates is thesis fig. 45: messages per second per subscriber.
+func plotRates(path string, s Scenario, aggs []aggregate) error {
+	p := newPlot(fmt.Sprintf("%s: messages per second taken by each subscriber", s.ID), "system", "messages per second")
+	names := make([]string, len(aggs))
+	for i, a := range aggs {
+		names[i] = shortName(a.System)
+	}
+	n := len(s.Members)
+	w := vg.Points(min(60/float64(n), 18))
+	for j := range n {
+		vals := make(plotter.Values, len(aggs))
+		for i, a := range aggs {
+			if j < len(a.SubRate) && !math.IsNaN(a.SubRate[j]) {
+				vals[i] = a.SubRate[j]
+			}
+		}
+		b, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return err
+		}
+		b.Offset = w * vg.Length(float64(j)-float64(n-1)/2)
+		b.Color = subscriberColors[j%len(subscriberColors)]
+		b.LineStyle.Width = 0
+		p.Add(b)
+		p.Legend.Add(memberLabel(s, j), b)
+	}
+	categoryAxis(p, names)
+	p.Y.Min = 0
+	p.Y.Max *= 1.55 // room for the legend
+	return p.Save(vg.Length(max(7, 1.1*float64(len(aggs))))*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// overTimeSystems picks the systems for the latency-over-time plot.
+func overTimeSystems(runs []RunResult) []string {
+	have := map[string]bool{}
+	for _, r := range runs {
+		have[r.System] = true
+	}
+	var out []string
+	for _, s := range []string{"luffymq-round-robin", "luffymq-thesis", "luffymq-adaptive"} {
+		if have[s] {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		for _, s := range AllSystems() {
+			if have[s] {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// firstRun returns the lowest-repeat run of system with deliveries.
+func firstRun(runs []RunResult, system string) *RunResult {
+	var best *RunResult
+	for i := range runs {
+		r := &runs[i]
+		if r.System == system && len(r.Deliveries) > 0 && (best == nil || r.Repeat < best.Repeat) {
+			best = r
+		}
+	}
+	return best
+}
+
+// plotOverTime is thesis fig. 47: latency of every message by publish time.
+func plotOverTime(path string, s Scenario, runs []RunResult) error {
+	systems := overTimeSystems(runs)
+	p := newPlot(fmt.Sprintf("%s: latency of each message (first run of each system)", s.ID), "publish time (s)", "latency (ms)")
+	const floor = 0.01
+	lo, hi := math.Inf(1), 0.0
+	type series struct {
+		name string
+		pts  plotter.XYs
+	}
+	var all []series
+	for _, sys := range systems {
+		r := firstRun(runs, sys)
+		if r == nil {
+			continue
+		}
+		pts := make(plotter.XYs, len(r.Deliveries))
+		for i, d := range r.Deliveries {
+			v := math.Max(ms(d.Latency()), floor)
+			pts[i] = plotter.XY{X: d.Sent.Seconds(), Y: v}
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+		}
+		all = append(all, series{sys, pts})
+	}
+	logScale := hi/math.Max(lo, floor) > 50
+	for _, se := range all {
+		sc, err := plotter.NewScatter(se.pts)
+		if err != nil {
+			return err
+		}
+		sc.GlyphStyle.Radius = vg.Points(1.2)
+		sc.GlyphStyle.Shape = draw.CircleGlyph{}
+		sc.GlyphStyle.Color = systemColor(se.name)
+		p.Add(sc)
+		p.Legend.Add(shortName(se.name), sc)
+	}
+	if logScale {
+		logAxis(p, floorPow10(math.Max(lo, floor)), ceilPow10(hi)*4)
+		p.Y.Label.Text = "latency (ms, log scale)"
+	} else {
+		p.Y.Min = 0
+		p.Y.Max = hi * 1.3
+	}
+	p.X.Min = 0
+	p.X.Tick.Marker = secondTicks{}
+	addEventLine(p, s)
+	return p.Save(9*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// addEventLine marks the scenario's event.
+func addEventLine(p *plot.Plot, s Scenario) {
+	if s.EventAt == 0 {
+		return
+	}
+	ev := s.EventAt.Seconds()
+	l, err := plotter.NewLine(plotter.XYs{{X: ev, Y: p.Y.Min}, {X: ev, Y: p.Y.Max}})
+	if err != nil {
+		return
+	}
+	l.Color = color.Black
+	l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	p.Add(l)
+	p.Legend.Add(fmt.Sprintf("event at t = %.0f s", ev), l)
+}
+
+// plotAdaptation plots the rolling p99 over time (step, join, crash).
+func plotAdaptation(path string, s Scenario, runs []RunResult) error {
+	p := newPlot(fmt.Sprintf("%s: rolling p99 latency (500 ms windows by publish time, first run)", s.ID), "publish time (s)", "p99 latency (ms, log scale)")
+	const floor = 0.1
+	lo, hi := math.Inf(1), 0.0
+	var systems []string
+	seen := map[string]bool{}
+	for _, r := range runs {
+		if !seen[r.System] {
+			seen[r.System] = true
+			systems = append(systems, r.System)
+		}
+	}
+	sort.Slice(systems, func(i, j int) bool { return systemOrder(systems[i]) < systemOrder(systems[j]) })
+	type series struct {
+		name string
+		pts  plotter.XYs
+	}
+	var all []series
+	maxT := 0.0
+	for _, sys := range systems {
+		r := firstRun(runs, sys)
+		if r == nil {
+			continue
+		}
+		ser := RollingP99(r.Deliveries, 500*time.Millisecond, 100*time.Millisecond)
+		pts := make(plotter.XYs, len(ser))
+		for i, tp := range ser {
+			v := math.Max(tp.V, floor)
+			pts[i] = plotter.XY{X: tp.T, Y: v}
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+			maxT = math.Max(maxT, tp.T)
+		}
+		all = append(all, series{sys, pts})
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	for _, se := range all {
+		l, err := plotter.NewLine(se.pts)
+		if err != nil {
+			return err
+		}
+		l.Color = systemColor(se.name)
+		l.Width = vg.Points(1.5)
+		p.Add(l)
+		p.Legend.Add(shortName(se.name), l)
+	}
+	logAxis(p, floorPow10(math.Max(lo, floor)), ceilPow10(hi)*8)
+	p.X.Min, p.X.Max = 0, maxT
+	p.X.Tick.Marker = secondTicks{}
+	limit, _ := plotter.NewLine(plotter.XYs{{X: 0, Y: adaptationLimit}, {X: maxT, Y: adaptationLimit}})
+	limit.Color = color.RGBA{200, 0, 0, 255}
+	limit.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
+	p.Add(limit)
+	p.Legend.Add("50 ms goal", limit)
+	addEventLine(p, s)
+	return p.Save(9*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// plotThroughput draws msgs/s per test and system.
+func plotThroughput(path string, tp *ThroughputResults) error {
+	p := newPlot("Broker throughput (median msgs/s delivered)", "test", "messages per second")
+	names := make([]string, len(ThroughputTests))
+	for i, t := range ThroughputTests {
+		names[i] = t.ID
+	}
+	n := len(ThroughputSystems)
+	w := vg.Points(16)
+	for j, sys := range ThroughputSystems {
+		vals := make(plotter.Values, len(ThroughputTests))
+		any := false
+		for i, t := range ThroughputTests {
+			rate, _, _, _, runs, _ := throughputAggregate(tp, t.ID, sys)
+			if runs > 0 && !math.IsNaN(rate) {
+				vals[i] = rate
+				any = true
+			}
+		}
+		if !any {
+			continue
+		}
+		b, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return err
+		}
+		b.Offset = w * vg.Length(float64(j)-float64(n-1)/2)
+		b.Color = systemColor(sys)
+		b.LineStyle.Width = 0
+		p.Add(b)
+		p.Legend.Add(sys, b)
+	}
+	categoryAxis(p, names)
+	p.Y.Min = 0
+	p.Y.Max *= 1.35
+	return p.Save(8*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// secondTicks labels a time axis every 1, 2 or 5 s.
+type secondTicks struct{}
+
+func (secondTicks) Ticks(min, max float64) []plot.Tick {
+	step := 1.0
+	for _, st := range []float64{1, 2, 5, 10, 20, 30, 60} {
+		step = st
+		if (max-min)/st <= 12 {
+			break
+		}
+	}
+	var ts []plot.Tick
+	for v := math.Ceil(min/step) * step; v <= max; v += step {
+		ts = append(ts, plot.Tick{Value: v, Label: trimFloat(v)})
+	}
+	return ts
+}

@@ -1,0 +1,189 @@
+// Package bench runs LuffyMQ's benchmark scenarios (docs/scenarios.md sets A
+// and B) side by side against its baselines — Mosquitto, vanilla Mochi MQTT
+// and a perfect-information oracle — and writes JSON, markdown and plots.
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Member is one shared-subscription member of a scenario.
+type Member struct {
+	// Service is the per-message processing time.
+	Service time.Duration
+	// ChangeAt, when positive, is when Service becomes NewService.
+	ChangeAt   time.Duration
+	NewService time.Duration
+	// JoinAt, when positive, is when the member connects.
+	JoinAt time.Duration
+	// CrashAt, when positive, is when the member is killed (connection
+	// closed without DISCONNECT, its pending work lost).
+	CrashAt time.Duration
+}
+
+// serviceAt returns the member's processing time for a message starting at
+// offset t from the start of publishing.
+func (m Member) serviceAt(t time.Duration) time.Duration {
+	if m.ChangeAt > 0 && t >= m.ChangeAt {
+		return m.NewService
+	}
+	return m.Service
+}
+
+// Scenario is one shared-subscription latency scenario (set A).
+type Scenario struct {
+	ID string
+	// Gap is the publishing interval; with Poisson the mean of exponential
+	// gaps.
+	Gap     time.Duration
+	Poisson bool
+	// Duration is how long the publisher sends.
+	Duration time.Duration
+	Members  []Member
+	QoS      byte
+	// ReportInterval is the broker's load-report interval.
+	ReportInterval time.Duration
+	// EventAt is the time of the scenario's event (step, join, crash), or 0.
+	EventAt time.Duration
+	Notes   string
+}
+
+// Scenarios returns set A of docs/scenarios.md.
+func Scenarios() []Scenario {
+	ms := time.Millisecond
+	fixed := func(ds ...time.Duration) []Member {
+		out := make([]Member, len(ds))
+		for i, d := range ds {
+			out[i] = Member{Service: d}
+		}
+		return out
+	}
+	step := fixed(25*ms, 25*ms, 25*ms)
+	step[2].ChangeAt, step[2].NewService = 10*time.Second, 100*ms
+	join := fixed(50*ms, 50*ms, 25*ms)
+	join[2].JoinAt = 10 * time.Second
+	crash := fixed(25*ms, 25*ms, 50*ms)
+	crash[0].CrashAt = 10 * time.Second
+	return []Scenario{
+		{ID: "thesis-1", Gap: 10 * ms, Duration: 15 * time.Second, Members: fixed(25*ms, 25*ms, 25*ms), ReportInterval: time.Second, Notes: "thesis table 6"},
+		{ID: "thesis-2", Gap: 10 * ms, Duration: 15 * time.Second, Members: fixed(25*ms, 25*ms, 50*ms), ReportInterval: time.Second, Notes: "thesis table 6; 100 % utilisation"},
+		{ID: "thesis-2-qos1", Gap: 10 * ms, Duration: 15 * time.Second, Members: fixed(25*ms, 25*ms, 50*ms), QoS: 1, ReportInterval: time.Second, Notes: "ack after processing"},
+		{ID: "step", Gap: 10 * ms, Duration: 30 * time.Second, Members: step, ReportInterval: time.Second, EventAt: 10 * time.Second, Notes: "member 3: 25 ms → 100 ms at t = 10 s"},
+		{ID: "join", Gap: 10 * ms, Duration: 30 * time.Second, Members: join, ReportInterval: time.Second, EventAt: 10 * time.Second, Notes: "a 25 ms member joins at t = 10 s"},
+		{ID: "poisson", Gap: 8 * ms, Poisson: true, Duration: 30 * time.Second, Members: fixed(20*ms, 20*ms, 40*ms, 40*ms, 80*ms), ReportInterval: time.Second, Notes: "exponential gaps, ρ ≈ 0.77"},
+		{ID: "crash", Gap: 10 * ms, Duration: 30 * time.Second, Members: crash, QoS: 1, ReportInterval: time.Second, EventAt: 10 * time.Second, Notes: "member 1 killed at t = 10 s"},
+	}
+}
+
+// ScenarioByID returns the scenario named id.
+func ScenarioByID(id string) (Scenario, error) {
+	var ids []string
+	for _, s := range Scenarios() {
+		if s.ID == id {
+			return s, nil
+		}
+		ids = append(ids, s.ID)
+	}
+	return Scenario{}, fmt.Errorf("unknown scenario %q; choose from %s", id, strings.Join(ids, ", "))
+}
+
+// Trace returns the publish offsets of the scenario's messages: every Gap,
+// or exponential gaps drawn with seed, while below Duration.
+func (s Scenario) Trace(seed uint64) []time.Duration {
+	var out []time.Duration
+	if !s.Poisson {
+		for t := time.Duration(0); t < s.Duration; t += s.Gap {
+			out = append(out, t)
+		}
+		return out
+	}
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	for t := time.Duration(0); t < s.Duration; t += time.Duration(r.ExpFloat64() * float64(s.Gap)) {
+		out = append(out, t)
+	}
+	return out
+}
+
+// Capacity returns the members' combined capacity in messages per second at
+// offset t (members present and alive at t).
+func (s Scenario) Capacity(t time.Duration) float64 {
+	c := 0.0
+	for _, m := range s.Members {
+		if m.JoinAt > t || (m.CrashAt > 0 && m.CrashAt <= t) {
+			continue
+		}
+		c += float64(time.Second) / float64(m.serviceAt(t))
+	}
+	return c
+}
+
+// System names accepted by --systems.
+const (
+	SystemMosquitto = "mosquitto"
+	SystemMochi     = "mochi"
+	SystemOracle    = "oracle"
+)
+
+// LuffyStrategies are the luffymq strategies benchmarked, in report order.
+var LuffyStrategies = []string{"adaptive", "thesis", "round-robin", "random", "sticky", "hash-clientid", "hash-topic"}
+
+// AllSystems returns every system name in report order.
+func AllSystems() []string {
+	var out []string
+	for _, s := range LuffyStrategies {
+		out = append(out, "luffymq-"+s)
+	}
+	return append(out, SystemMosquitto, SystemMochi, SystemOracle)
+}
+
+// ParseSystems turns a comma-separated list (strategy names may omit the
+// "luffymq-" prefix; "all" means every system) into system names in report
+// order.
+func ParseSystems(list string) ([]string, error) {
+	all := AllSystems()
+	if strings.TrimSpace(list) == "" || list == "all" {
+		return all, nil
+	}
+	want := map[string]bool{}
+	for _, f := range strings.Split(list, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		name := f
+		for _, s := range LuffyStrategies {
+			if f == s {
+				name = "luffymq-" + s
+			}
+		}
+		ok := false
+		for _, a := range all {
+			ok = ok || a == name
+		}
+		if !ok {
+			return nil, fmt.Errorf("unknown system %q; choose from %s (strategy names may omit luffymq-)", f, strings.Join(all, ", "))
+		}
+		want[name] = true
+	}
+	var out []string
+	for _, a := range all {
+		if want[a] {
+			out = append(out, a)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return systemOrder(out[i]) < systemOrder(out[j]) })
+	return out, nil
+}
+
+func systemOrder(name string) int {
+	for i, a := range AllSystems() {
+		if a == name {
+			return i
+		}
+	}
+	return len(AllSystems())
+}

@@ -1,0 +1,332 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
+)
+
+// runningBroker is a broker started for one run.
+type runningBroker interface {
+	// Addr is the broker's host:port on loopback.
+	Addr() string
+	// Close stops the broker.
+	Close() error
+}
+
+// brokerStarter starts the broker of a system for one run.
+type brokerStarter struct {
+	// LuffyMQ is the luffymq binary.
+	LuffyMQ string
+	// Mosquitto is the mosquitto binary ("" when not found).
+	Mosquitto string
+	// LogDir receives broker logs.
+	LogDir string
+}
+
+// start starts the broker for system (not the oracle) with the given report
+// interval; logName names its log file.
+func (b brokerStarter) start(ctx context.Context, system string, reportInterval time.Duration, logName string) (runningBroker, error) {
+	switch {
+	case strings.HasPrefix(system, "luffymq-"):
+		strategy := strings.TrimPrefix(system, "luffymq-")
+		return startProcess(ctx, b.LuffyMQ, filepath.Join(b.LogDir, logName+".broker.log"), func(addr string) ([]string, error) {
+			return []string{"--listen", addr, "--http", "", "--strategy", strategy,
+				"--report-interval", reportInterval.String(), "--log-level", "warn"}, nil
+		})
+	case system == SystemMosquitto:
+		if b.Mosquitto == "" {
+			return nil, errMosquittoMissing
+		}
+		dir, err := os.MkdirTemp("", "luffy-bench-mosquitto-")
+		if err != nil {
+			return nil, fmt.Errorf("mosquitto config dir: %w", err)
+		}
+		p, err := startProcess(ctx, b.Mosquitto, filepath.Join(b.LogDir, logName+".broker.log"), func(addr string) ([]string, error) {
+			host, port, _ := net.SplitHostPort(addr)
+			conf := filepath.Join(dir, "mosquitto.conf")
+			config := fmt.Sprintf("listener %s %s\nallow_anonymous true\nset_tcp_nodelay true\npersistence false\nlog_dest stderr\n", port, host)
+			if os.Geteuid() == 0 {
+				config += "user root\n"
+			}
+			if err := os.WriteFile(conf, []byte(config), 0o600); err != nil {
+				return nil, fmt.Errorf("writing %s: %w", conf, err)
+			}
+			return []string{"-c", conf}, nil
+		})
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		p.cleanup = func() { _ = os.RemoveAll(dir) }
+		return p, nil
+	case system == SystemMochi:
+		return startMochi()
+	}
+	return nil, fmt.Errorf("no broker for system %q", system)
+}
+
+var errMosquittoMissing = errors.New("mosquitto not found: install the Debian package mosquitto (apt-get install mosquitto) or leave it out of --systems")
+
+// findMosquitto returns the mosquitto binary, or "".
+func findMosquitto() string {
+	if p, err := exec.LookPath("mosquitto"); err == nil {
+		return p
+	}
+	if _, err := os.Stat("/usr/sbin/mosquitto"); err == nil {
+		return "/usr/sbin/mosquitto"
+	}
+	return ""
+}
+
+// mosquittoVersion returns Mosquitto's version line, or "".
+func mosquittoVersion(bin string) string {
+	if bin == "" {
+		return ""
+	}
+	out, _ := exec.Command(bin, "-h").CombinedOutput()
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "version") {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
+}
+
+// process is a broker running as a child process.
+type process struct {
+	addr    string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	log     *os.File
+	cleanup func()
+	once    sync.Once
+}
+
+func (p *process) Addr() string { return p.addr }
+
+func (p *process) Close() error {
+	p.once.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		_ = p.log.Close()
+		if p.cleanup != nil {
+			p.cleanup()
+		}
+	})
+	return nil
+}
+
+// startProcess runs bin with the arguments args returns for a free loopback
+// address and waits until it accepts connections. It retries on another
+// port if the first is taken meanwhile.
+func startProcess(ctx context.Context, bin, logPath string, args func(addr string) ([]string, error)) (*process, error) {
+	var lastErr error
+	for range 3 {
+		addr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		a, err := args(addr)
+		if err != nil {
+			return nil, err
+		}
+		logf, err := os.Create(logPath)
+		if err != nil {
+			return nil, fmt.Errorf("broker log: %w", err)
+		}
+		cmd := exec.Command(bin, a...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			_ = logf.Close()
+			return nil, fmt.Errorf("starting %s: %w", bin, err)
+		}
+		p := &process{addr: addr, cmd: cmd, exited: make(chan struct{}), log: logf}
+		go func() {
+			_ = cmd.Wait()
+			close(p.exited)
+		}()
+		if err := waitListening(ctx, addr, p.exited); err != nil {
+			_ = p.Close()
+			out, _ := os.ReadFile(logPath)
+			lastErr = fmt.Errorf("%s %s: %w: %s", filepath.Base(bin), strings.Join(a, " "), err, lastLine(out))
+			continue
+		}
+		return p, nil
+	}
+	return nil, lastErr
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// waitListening polls addr until it accepts a connection, the process
+// exits, or 10 s pass.
+func waitListening(ctx context.Context, addr string, exited <-chan struct{}) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-exited:
+			return errors.New("exited at start")
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not listening on %s after 10 s", addr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// freeAddr returns a free 127.0.0.1 address.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// mochiBroker is vanilla Mochi MQTT v2 in this process: default options, no
+// hooks but allow-all authentication.
+type mochiBroker struct {
+	server *mqtt.Server
+	addr   string
+}
+
+func startMochi() (*mochiBroker, error) {
+	server := mqtt.New(&mqtt.Options{InlineClient: false, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := server.AddHook(new(auth.AllowHook), nil); err != nil {
+		return nil, fmt.Errorf("mochi: %w", err)
+	}
+	tcp := listeners.NewTCP(listeners.Config{ID: "bench", Address: "127.0.0.1:0"})
+	if err := server.AddListener(tcp); err != nil {
+		return nil, fmt.Errorf("mochi: listen: %w", err)
+	}
+	if err := server.Serve(); err != nil {
+		return nil, fmt.Errorf("mochi: serve: %w", err)
+	}
+	return &mochiBroker{server: server, addr: tcp.Address()}, nil
+}
+
+func (m *mochiBroker) Addr() string { return m.addr }
+func (m *mochiBroker) Close() error { return m.server.Close() }
+
+// buildLuffyMQ builds ./cmd/luffymq of the module containing the working
+// directory into dir and returns the binary's path.
+func buildLuffyMQ(ctx context.Context, dir string) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	gomod := strings.TrimSpace(string(out))
+	if err != nil || gomod == "" || gomod == os.DevNull {
+		return "", errors.New("cannot build luffymq: run luffy-bench inside the luffymq module, or pass --luffymq PATH")
+	}
+	root := filepath.Dir(gomod)
+	bin := filepath.Join(dir, "luffymq")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/luffymq")
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("building luffymq in %s: %w: %s (or pass --luffymq PATH)", root, err, lastLine(stderr.Bytes()))
+	}
+	return bin, nil
+}
+
+// cutProxy forwards TCP connections to a target until Kill, which closes
+// every connection abruptly (no MQTT DISCONNECT) and refuses new ones: a
+// crashed client, as the broker sees it.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	dead   bool
+}
+
+func newCutProxy(target string) (*cutProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	p := &cutProxy{ln: ln, target: target}
+	go p.serve()
+	return p, nil
+}
+
+func (p *cutProxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *cutProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		for _, x := range []net.Conn{c, u} {
+			if t, ok := x.(*net.TCPConn); ok {
+				_ = t.SetNoDelay(true)
+			}
+		}
+		p.mu.Lock()
+		if p.dead {
+			p.mu.Unlock()
+			_ = c.Close()
+			_ = u.Close()
+			return
+		}
+		p.conns = append(p.conns, c, u)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+		go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
+	}
+}
+
+// Kill closes every connection and the listener.
+func (p *cutProxy) Kill() {
+	p.mu.Lock()
+	p.dead = true
+	conns := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+func mochiVersion() string {
+	return "Mochi MQTT " + mqtt.Version + " (in-process, default options, allow-all auth hook only)"
+}
