@@ -37,6 +37,64 @@
 // dropped, which removes the duplicates that at-least-once republishing and
 // federation link restarts can create.
 //
+// # Work queues
+//
+// An exported shared group $share/<g>/<filter> (Config.ExportGroups) is
+// served through the durable queue wq.<g> that every site of the group
+// has. A local publish matching <filter> is published to wq.<g>
+// (persistent, with confirms, through the outbox; the topic travels in the
+// x-mqtt-topic header) instead of going to the group's members, whom the
+// bridge's OnSelectSubscribers hook — attached before the selection hook —
+// removes from the publish's recipients. Non-shared subscribers and other
+// groups get the publish as usual; imported pub/sub messages still go to
+// groups directly.
+//
+// The bridge takes messages back with basic.get, one at a time, only while
+// some online member of the group has room (no delivery waiting behind the
+// one it works on and, if it reports, a predicted wait under one service
+// time) and fewer than WorkQueueConfig.UnackedPerMember × online members
+// are unacknowledged: the pull-based equivalent of a prefetch of that size
+// that changes with the members. Each message is injected through Mochi's
+// inline client with the user properties luffymq-origin-site and
+// luffymq-message-id, so the selection hook picks the member, and reaches
+// that group only. It is acknowledged to RabbitMQ when the member's PUBACK
+// (QoS 1) or PUBCOMP (QoS 2) arrives, or when Mochi writes it (QoS 0); it
+// is requeued when the member disconnects first, when Mochi drops it, or
+// when no member took it within DeliveryTimeout. Delivery is at least
+// once: members drop duplicates by luffymq-message-id, and the bridge drops
+// a message whose ID is already pending or was completed recently.
+//
+// Overflow. Every site retunes, each RetuneInterval, the policy
+// luffymq-wq:wq.<g> (message-ttl, max-length, overflow drop-head,
+// dead-letter-exchange wq.<g>.dlx) by eq. 2.12 with
+// ConsumerUtilisation × NumberOfConsumers / 100 taken as the sum over
+// online members of 1/(1+q), q being the work queued ahead of a new
+// message in service times (PredictedWait / ServiceEstimate, or in-flight
+// deliveries beyond the first for members that do not report): an idle
+// member counts 1, one with q service times queued 1/(1+q). What expires
+// or overflows is dead-lettered into wq.<g>.dlx (x-consistent-hash,
+// hashing message IDs), whose destinations are this site's intake queue
+// luffymq.wqin.<g> with weight eq. 2.13 (MessagesInQueue = ready in wq.<g>
+// and the intake plus our unacknowledged, eq. 2.14) and every other site
+// whose wq.<g>.in exchange federates from it. A site binds its intake to
+// its own wq.<g>.in with the same weight while it has online members;
+// federation mirrors that binding onto the upstream's wq.<g>.dlx, so the
+// upstream hashes overflow to each site in proportion to its spare
+// capacity. Intake queues have no TTL and are never dead-lettered, so a
+// message crosses sites at most once: no loop, no federation max-hops
+// drop, no dead-letter cycle. Both hash exchanges have the local ring
+// exchange as alternate exchange, so what the ring cannot route (while a
+// weight is being replaced) stays local instead of being dropped. When
+// local members keep up, nothing expires and nothing leaves the site.
+//
+// Site agent (with WorkQueueConfig.ManagementURL): the configuration agent
+// applies each JSON message of luffymq.config.<site> (algorithms.md §2.6:
+// entity -> [{"uri": ...}]) with ApplyFederation, a pubsub* entry
+// federating that exchange and a wq.<g> entry federating wq.<g>.in from
+// the upstreams' wq.<g>.dlx; the event agent watches amq.rabbitmq.event
+// and gives every wq.<g> queue created by others its exchanges, intake
+// queue and initial policy, removing them with the queue.
+//
 // When RabbitMQ is unreachable the bridge logs one clear line, keeps
 // retrying with backoff and keeps up to Config.OutboxSize messages to
 // publish later; the MQTT side keeps serving local clients throughout.
@@ -57,6 +115,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -101,6 +160,17 @@ type Bridge struct {
 	dirty  chan struct{}
 	stats  *stats
 
+	groups   []*workGroup
+	rh       *rabbithole.Client // management API, nil without WorkQueue.ManagementURL
+	wqTrack  *wqTracker
+	wqDone   *dedup // work-queue message IDs completed recently
+	wakeMu   sync.Mutex
+	wakeC    chan struct{} // closed and replaced by wake
+	settles  chan settle
+	wqGen    atomic.Uint64
+	wqMu     sync.Mutex
+	wqStates map[string]wqState
+
 	mu         sync.Mutex
 	started    bool
 	bound      map[Binding]struct{} // bindings that exist on the server
@@ -128,6 +198,23 @@ func New(cfg Config) (*Bridge, error) {
 		dirty:     make(chan struct{}, 1),
 		bound:     map[Binding]struct{}{},
 	}
+	for _, s := range cfg.ExportGroups {
+		g, err := parseExportGroup(s)
+		if err != nil {
+			return nil, err
+		}
+		b.groups = append(b.groups, g)
+	}
+	b.wqTrack = newWQTracker()
+	b.wqDone = newDedup(cfg.DedupWindow)
+	b.wakeC = make(chan struct{})
+	b.settles = make(chan settle, 4096)
+	b.wqStates = map[string]wqState{}
+	if cfg.WorkQueue.ManagementURL != "" {
+		if b.rh, err = managementClient(cfg.WorkQueue.ManagementURL, cfg.WorkQueue.Username, cfg.WorkQueue.Password); err != nil {
+			return nil, err
+		}
+	}
 	b.stats = newStats(b)
 	return b, nil
 }
@@ -146,7 +233,8 @@ func (b *Bridge) Exchanges() []string {
 func (b *Bridge) ImportQueue() string { return b.queue }
 
 // Attach adds the bridge's hook to s, which must have been created with
-// mqtt.Options{InlineClient: true}. Call it before s.Serve.
+// mqtt.Options{InlineClient: true}. Call it before s.Serve and, with
+// export groups, before adding the selection hook.
 func (b *Bridge) Attach(s *mqtt.Server) error {
 	inline, ok := s.Clients.Get(mqtt.InlineClientId)
 	if !ok || !s.Options.InlineClient {
@@ -236,6 +324,9 @@ func (b *Bridge) export(cl *mqtt.Client, pk packets.Packet) {
 	}
 	if cl.Net.Inline && hasOriginProperty(pk.Properties.User) {
 		return // imported from another site: never exported again
+	}
+	if len(b.groups) > 0 {
+		b.exportWork(pk)
 	}
 	var pub *amqp.Publishing
 	for _, x := range b.exchanges {
@@ -444,8 +535,46 @@ func (h *hook) Provides(e byte) bool {
 	case mqtt.OnPublished, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSessionEstablished,
 		mqtt.OnDisconnect, mqtt.OnClientExpired:
 		return true
+	case mqtt.OnPublish, mqtt.OnSelectSubscribers, mqtt.OnQosPublish, mqtt.OnQosComplete,
+		mqtt.OnQosDropped, mqtt.OnPublishDropped, mqtt.OnPacketEncode:
+		return len(h.b.groups) > 0
 	}
 	return false
+}
+
+// OnPublish refuses work-queue messages whose group has no subscriber.
+func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	return h.b.wqPublish(cl, pk)
+}
+
+// OnSelectSubscribers routes exported groups' messages through their work
+// queues.
+func (h *hook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
+	return h.b.wqSelect(subs, pk)
+}
+
+// OnQosPublish records which member carries a work-queue message.
+func (h *hook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, resends int) {
+	h.b.wqQosPublish(cl, pk, resends)
+}
+
+// OnQosComplete acknowledges a work-queue message to RabbitMQ.
+func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) { h.b.wqComplete(cl, pk) }
+
+// OnQosDropped requeues a work-queue message Mochi gave up on.
+func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
+	if pk.FixedHeader.Type == packets.Publish {
+		h.b.finishPacket(cl.ID, pk.PacketID, false)
+	}
+}
+
+// OnPublishDropped requeues a work-queue message Mochi could not queue.
+func (h *hook) OnPublishDropped(_ *mqtt.Client, pk packets.Packet) { h.b.wqDropped(pk) }
+
+// OnPacketEncode acknowledges a QoS 0 work-queue message once written.
+func (h *hook) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet {
+	h.b.wqEncode(pk)
+	return pk
 }
 
 // OnPublished exports a message once local subscribers have it.
@@ -460,8 +589,12 @@ func (h *hook) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.b.markDirty() }
 // OnSessionEstablished updates the bindings (a resumed or replaced session).
 func (h *hook) OnSessionEstablished(*mqtt.Client, packets.Packet) { h.b.markDirty() }
 
-// OnDisconnect updates the bindings when the session ends.
-func (h *hook) OnDisconnect(_ *mqtt.Client, _ error, expire bool) {
+// OnDisconnect requeues the member's unacknowledged work-queue messages
+// and updates the bindings when the session ends.
+func (h *hook) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
+	if len(h.b.groups) > 0 {
+		h.b.wqDisconnect(cl.ID)
+	}
 	if expire {
 		h.b.markDirty()
 	}

@@ -24,10 +24,12 @@ type Config struct {
 	// Exports are the MQTT filters whose messages are shared with the
 	// other sites (see ExchangeName). Filters starting with '$' are refused.
 	Exports []string
-	// ExportGroups are shared subscriptions ($share/<group>/<filter>) to be
-	// served as work queues across sites. Not implemented yet: New refuses
-	// a non-empty list.
+	// ExportGroups are shared subscriptions ($share/<group>/<filter>) served
+	// as work queues across sites (see the package doc). They need
+	// WorkQueue.ManagementURL and WorkQueue.Load.
 	ExportGroups []string
+	// WorkQueue tunes the work queues of ExportGroups and the site agent.
+	WorkQueue WorkQueueConfig
 	// Logger receives the bridge's logs (slog.Default()).
 	Logger *slog.Logger
 	// ReconnectMin and ReconnectMax bound the reconnect backoff
@@ -73,12 +75,19 @@ func (c Config) withDefaults() (Config, error) {
 			return c, err
 		}
 	}
-	if len(c.ExportGroups) > 0 {
-		g := c.ExportGroups[0]
-		if !strings.HasPrefix(strings.ToLower(g), "$share/") {
-			return c, fmt.Errorf("%w: export-group %q: want $share/<group>/<filter>", ErrInvalidConfig, g)
+	seenGroups := map[string]bool{}
+	for _, g := range c.ExportGroups {
+		wg, err := parseExportGroup(g)
+		if err != nil {
+			return c, err
 		}
-		return c, fmt.Errorf("%w: export-group %q: work queues across sites are not implemented yet; use --export for pub/sub", ErrInvalidConfig, g)
+		if seenGroups[wg.name] {
+			return c, fmt.Errorf("%w: export-group %q: group %q is exported twice", ErrInvalidConfig, g, wg.name)
+		}
+		seenGroups[wg.name] = true
+	}
+	if c.WorkQueue, err = c.WorkQueue.withDefaults(c.AMQPURL, len(c.ExportGroups) > 0); err != nil {
+		return c, err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

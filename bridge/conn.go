@@ -123,18 +123,24 @@ func (b *Bridge) session(ctx context.Context, onUp func()) error {
 	if err != nil {
 		return fmt.Errorf("consuming %s: %w", b.queue, err)
 	}
+	loops := []func(context.Context) error{
+		func(c context.Context) error { return b.publishLoop(c, pubCh) },
+		func(c context.Context) error { return b.importLoop(c, deliveries) },
+		func(c context.Context) error { return b.bindLoop(c, topo) },
+	}
+	wqLoops, err := b.workQueueLoops(conn)
+	if err != nil {
+		return err
+	}
+	loops = append(loops, wqLoops...)
 	b.setConnected(true)
 	onUp()
 
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, 3)
+	errs := make(chan error, len(loops))
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context) error{
-		func(c context.Context) error { return b.publishLoop(c, pubCh) },
-		func(c context.Context) error { return b.importLoop(c, deliveries) },
-		func(c context.Context) error { return b.bindLoop(c, topo) },
-	} {
+	for _, loop := range loops {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -157,7 +163,61 @@ func (b *Bridge) session(ctx context.Context, onUp func()) error {
 	cancel()
 	_ = conn.Close() // unblocks the loops waiting on RabbitMQ
 	wg.Wait()
+	b.wqTrack.reset(b.wqGen.Load())
 	return result
+}
+
+// workQueueLoops declares the work queues and returns the loops of the
+// work queues and the site agent for this connection.
+func (b *Bridge) workQueueLoops(conn *amqp.Connection) ([]func(context.Context) error, error) {
+	var loops []func(context.Context) error
+	if b.rh == nil {
+		return nil, nil
+	}
+	gen := b.wqGen.Add(1)
+	if len(b.groups) > 0 {
+		topo, err := conn.Channel()
+		if err != nil {
+			return nil, fmt.Errorf("opening work-queue topology channel: %w", err)
+		}
+		for _, g := range b.groups {
+			if err := declareWorkTopology(topo, g.name); err != nil {
+				return nil, err
+			}
+			st, err := b.adoptBindings(topo, g.name)
+			if err != nil {
+				return nil, err
+			}
+			b.wqMu.Lock()
+			b.wqStates[g.name] = st // policy to (re)apply: maxLength 0
+			b.wqMu.Unlock()
+		}
+		loops = append(loops,
+			func(c context.Context) error { return b.retuneLoop(c, topo) },
+			func(c context.Context) error { return b.settleLoop(c, gen) })
+		for _, g := range b.groups {
+			ch, err := conn.Channel()
+			if err != nil {
+				return nil, fmt.Errorf("opening work-queue channel for %s: %w", g.queue(), err)
+			}
+			loops = append(loops, func(c context.Context) error { return b.consumeLoop(c, ch, g, gen) })
+		}
+	}
+	// The site agent: its failures are logged, never fatal to the bridge.
+	agent := func(name string, run func(context.Context, *amqp.Channel) error) func(context.Context) error {
+		return func(c context.Context) error {
+			ch, err := conn.Channel()
+			if err == nil {
+				err = run(c, ch)
+			}
+			if err != nil && c.Err() == nil {
+				b.log.Error("bridge: site agent stopped until the next connection", "agent", name, "error", err)
+			}
+			return nil
+		}
+	}
+	loops = append(loops, agent("config", b.configLoop), agent("events", b.eventLoop))
+	return loops, nil
 }
 
 // declare creates the exchanges and the import queue. The first session of
@@ -225,7 +285,11 @@ func (b *Bridge) publishLoop(ctx context.Context, ch *amqp.Channel) error {
 			case <-ctx.Done():
 			}
 			if confirms[i].Acked() {
-				b.stats.exported(m.exchange)
+				if m.label != "" {
+					b.stats.exported(m.label)
+				} else {
+					b.stats.exported(m.exchange)
+				}
 				continue
 			}
 			m.attempts++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -57,6 +58,9 @@ type FederationConfig struct {
 	ReconnectDelay time.Duration
 	// PrefetchCount bounds unconfirmed messages per link (1000).
 	PrefetchCount int
+	// Exchanges federates single exchanges from their own upstreams (see
+	// ApplyFederation).
+	Exchanges []ExchangeFederation
 }
 
 func (c FederationConfig) withDefaults() (FederationConfig, error) {
@@ -103,20 +107,77 @@ func (c FederationConfig) withDefaults() (FederationConfig, error) {
 	return c, nil
 }
 
+// ExchangeUpstreamPrefix starts the names of the upstreams, upstream sets
+// and policies that federate single exchanges (FederationConfig.Exchanges):
+// "luffymq-x:<exchange>[:<upstream>]".
+const ExchangeUpstreamPrefix = UpstreamPrefix + "x:"
+
+// ExchangeFederation federates one exchange from its own set of upstreams,
+// as a configuration message (algorithms.md §2.6) asks.
+type ExchangeFederation struct {
+	// Exchange is the local (downstream) exchange.
+	Exchange string
+	// UpstreamExchange is the exchange read at the upstreams (Exchange).
+	UpstreamExchange string
+	// Upstreams are the nodes Exchange receives from; Upstream.Site only
+	// names the upstream ("luffymq-x:<exchange>:<site>").
+	Upstreams []Upstream
+}
+
 // ApplyFederation makes the node's federation match cfg through the
-// management API: one upstream per entry of cfg.Upstreams and a policy
-// federating the exchanges that match cfg.Pattern from all of them.
-// Upstreams named with UpstreamPrefix that cfg no longer lists are removed.
+// management API. It manages two independent families:
+//
+//   - pattern federation (when cfg.Exchanges is nil or cfg.Upstreams is
+//     not): one upstream per entry of cfg.Upstreams and a policy
+//     federating the exchanges that match cfg.Pattern from all of them;
+//     upstreams named UpstreamPrefix+<site> that cfg no longer lists are
+//     removed, and an empty list removes the policy;
+//   - per-exchange federation (when cfg.Exchanges is not nil): for each
+//     entry, upstreams "luffymq-x:<exchange>:<site>", an upstream set and a
+//     policy (priority 2) naming it; entries of this family that
+//     cfg.Exchanges no longer lists are removed.
+//
 // It can be applied again at run time; nothing restarts.
 func ApplyFederation(ctx context.Context, cfg FederationConfig) error {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return err
 	}
+	for _, x := range cfg.Exchanges {
+		if x.Exchange == "" || strings.HasPrefix(x.Exchange, "amq.") {
+			return fmt.Errorf("%w: federation: exchange %q cannot be federated", ErrInvalidConfig, x.Exchange)
+		}
+	}
 	rh, err := managementClient(cfg.ManagementURL, cfg.Username, cfg.Password)
 	if err != nil {
 		return err
 	}
+	if cfg.Exchanges == nil || cfg.Upstreams != nil {
+		if err := applyPatternFederation(ctx, rh, cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.Exchanges != nil {
+		return applyExchangeFederation(ctx, rh, cfg)
+	}
+	return nil
+}
+
+func (c FederationConfig) definition(uri, exchange string) rabbithole.FederationDefinition {
+	return rabbithole.FederationDefinition{
+		Uri:            rabbithole.URISet{uri},
+		Expires:        int(c.Expires.Milliseconds()),
+		MessageTTL:     int32(c.MessageTTL.Milliseconds()),
+		MaxHops:        c.MaxHops,
+		PrefetchCount:  c.PrefetchCount,
+		ReconnectDelay: max(1, int(c.ReconnectDelay.Seconds())),
+		AckMode:        "on-confirm",
+		TrustUserId:    false,
+		Exchange:       exchange,
+	}
+}
+
+func applyPatternFederation(ctx context.Context, rh *rabbithole.Client, cfg FederationConfig) error {
 	want := map[string]bool{}
 	for _, u := range cfg.Upstreams {
 		if err := ctx.Err(); err != nil {
@@ -124,17 +185,7 @@ func ApplyFederation(ctx context.Context, cfg FederationConfig) error {
 		}
 		name := UpstreamPrefix + u.Site
 		want[name] = true
-		def := rabbithole.FederationDefinition{
-			Uri:            rabbithole.URISet{u.URI},
-			Expires:        int(cfg.Expires.Milliseconds()),
-			MessageTTL:     int32(cfg.MessageTTL.Milliseconds()),
-			MaxHops:        cfg.MaxHops,
-			PrefetchCount:  cfg.PrefetchCount,
-			ReconnectDelay: max(1, int(cfg.ReconnectDelay.Seconds())),
-			AckMode:        "on-confirm",
-			TrustUserId:    false,
-		}
-		if err := checkResponse(rh.PutFederationUpstream(cfg.Vhost, name, def)); err != nil {
+		if err := checkResponse(rh.PutFederationUpstream(cfg.Vhost, name, cfg.definition(u.URI, ""))); err != nil {
 			return fmt.Errorf("federation: setting upstream %s (%s) on %s: %w", name, redact(u.URI), cfg.ManagementURL, err)
 		}
 	}
@@ -143,7 +194,7 @@ func ApplyFederation(ctx context.Context, cfg FederationConfig) error {
 		return fmt.Errorf("federation: listing upstreams on %s: %w", cfg.ManagementURL, err)
 	}
 	for _, u := range existing {
-		if strings.HasPrefix(u.Name, UpstreamPrefix) && !want[u.Name] {
+		if strings.HasPrefix(u.Name, UpstreamPrefix) && !strings.HasPrefix(u.Name, ExchangeUpstreamPrefix) && !want[u.Name] {
 			if err := checkResponse(rh.DeleteFederationUpstream(cfg.Vhost, u.Name)); err != nil {
 				return fmt.Errorf("federation: removing upstream %s on %s: %w", u.Name, cfg.ManagementURL, err)
 			}
@@ -164,6 +215,77 @@ func ApplyFederation(ctx context.Context, cfg FederationConfig) error {
 	}
 	if err := checkResponse(rh.PutPolicy(cfg.Vhost, cfg.PolicyName, policy)); err != nil {
 		return fmt.Errorf("federation: setting policy %s (%s) on %s: %w", cfg.PolicyName, cfg.Pattern, cfg.ManagementURL, err)
+	}
+	return nil
+}
+
+const upstreamSetComponent = "federation-upstream-set"
+
+func applyExchangeFederation(ctx context.Context, rh *rabbithole.Client, cfg FederationConfig) error {
+	wantUp, wantSet := map[string]bool{}, map[string]bool{}
+	for _, x := range cfg.Exchanges {
+		if len(x.Upstreams) == 0 {
+			continue
+		}
+		setName := ExchangeUpstreamPrefix + x.Exchange
+		var members []map[string]string
+		for _, u := range x.Upstreams {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			name := setName + ":" + u.Site
+			wantUp[name] = true
+			members = append(members, map[string]string{"upstream": name})
+			if err := checkResponse(rh.PutFederationUpstream(cfg.Vhost, name, cfg.definition(u.URI, x.UpstreamExchange))); err != nil {
+				return fmt.Errorf("federation: setting upstream %s (%s) on %s: %w", name, redact(u.URI), cfg.ManagementURL, err)
+			}
+		}
+		if err := checkResponse(rh.PutRuntimeParameter(upstreamSetComponent, cfg.Vhost, setName, members)); err != nil {
+			return fmt.Errorf("federation: setting upstream set %s on %s: %w", setName, cfg.ManagementURL, err)
+		}
+		wantSet[setName] = true
+		policy := rabbithole.Policy{
+			Pattern:    "^" + regexp.QuoteMeta(x.Exchange) + "$",
+			ApplyTo:    "exchanges",
+			Priority:   2,
+			Definition: rabbithole.PolicyDefinition{"federation-upstream-set": setName},
+		}
+		if err := checkResponse(rh.PutPolicy(cfg.Vhost, setName, policy)); err != nil {
+			return fmt.Errorf("federation: setting policy %s on %s: %w", setName, cfg.ManagementURL, err)
+		}
+	}
+	policies, err := rh.ListPoliciesIn(cfg.Vhost)
+	if err != nil {
+		return fmt.Errorf("federation: listing policies on %s: %w", cfg.ManagementURL, err)
+	}
+	for _, p := range policies {
+		if strings.HasPrefix(p.Name, ExchangeUpstreamPrefix) && !wantSet[p.Name] {
+			if err := checkResponse(rh.DeletePolicy(cfg.Vhost, p.Name)); err != nil {
+				return fmt.Errorf("federation: removing policy %s on %s: %w", p.Name, cfg.ManagementURL, err)
+			}
+		}
+	}
+	sets, err := rh.ListRuntimeParametersIn(upstreamSetComponent, cfg.Vhost)
+	if err != nil {
+		return fmt.Errorf("federation: listing upstream sets on %s: %w", cfg.ManagementURL, err)
+	}
+	for _, p := range sets {
+		if strings.HasPrefix(p.Name, ExchangeUpstreamPrefix) && !wantSet[p.Name] {
+			if err := checkResponse(rh.DeleteRuntimeParameter(upstreamSetComponent, cfg.Vhost, p.Name)); err != nil {
+				return fmt.Errorf("federation: removing upstream set %s on %s: %w", p.Name, cfg.ManagementURL, err)
+			}
+		}
+	}
+	existing, err := rh.ListFederationUpstreamsIn(cfg.Vhost)
+	if err != nil {
+		return fmt.Errorf("federation: listing upstreams on %s: %w", cfg.ManagementURL, err)
+	}
+	for _, u := range existing {
+		if strings.HasPrefix(u.Name, ExchangeUpstreamPrefix) && !wantUp[u.Name] {
+			if err := checkResponse(rh.DeleteFederationUpstream(cfg.Vhost, u.Name)); err != nil {
+				return fmt.Errorf("federation: removing upstream %s on %s: %w", u.Name, cfg.ManagementURL, err)
+			}
+		}
 	}
 	return nil
 }

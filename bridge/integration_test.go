@@ -376,7 +376,17 @@ func TestFlags(t *testing.T) {
 		{name: "system export", args: []string{"--amqp-url", "amqp://127.0.0.1/", "--site", "b", "--export", "$SYS/#"}, wantErr: `export "$SYS/#"`},
 		{name: "bad url", args: []string{"--amqp-url", "http://x/", "--site", "b"}, wantErr: `amqp-url "http://x/"`},
 		{name: "bad site", args: []string{"--amqp-url", "amqp://127.0.0.1/", "--site", "a b"}, wantErr: `site "a b"`},
-		{name: "export-group not yet", args: []string{"--amqp-url", "amqp://127.0.0.1/", "--site", "b", "--export-group", "$share/g/jobs/#"}, wantErr: "not implemented yet"},
+		{name: "export-group needs management", args: []string{"--amqp-url", "amqp://127.0.0.1/", "--site", "b", "--export-group", "$share/g/jobs/#"}, wantErr: "--amqp-management-url"},
+		{
+			name: "export-group",
+			args: []string{"--amqp-url", "amqp://127.0.0.1/", "--site", "b", "--export-group", "$share/g/jobs/#",
+				"--amqp-management-url", "http://127.0.0.1:15672"},
+			check: func(t *testing.T, c broker.Config) {
+				require.Equal(t, []string{"$share/g/jobs/#"}, c.ExportGroups)
+				require.Equal(t, "http://127.0.0.1:15672", c.AMQPManagementURL)
+			},
+		},
+		{name: "management needs amqp-url", args: []string{"--amqp-management-url", "http://127.0.0.1:15672"}, wantErr: "need amqp-url"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

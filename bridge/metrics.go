@@ -29,10 +29,13 @@ type stats struct {
 	mu         sync.Mutex
 	exports    map[string]uint64                    // by exchange
 	imports    map[string]*[numImportResults]uint64 // by exchange
+	wq         map[string]*wqCounters               // by group
 	reconnects atomic.Uint64
-	nacked     atomic.Uint64
-	lastWarn   atomic.Int64 // unix nanos of the last outbox-full warning
-	descs      map[string]*prometheus.Desc
+	// configsApplied and events count the site agent's work.
+	configsApplied, events atomic.Uint64
+	nacked                 atomic.Uint64
+	lastWarn               atomic.Int64 // unix nanos of the last outbox-full warning
+	descs                  map[string]*prometheus.Desc
 }
 
 func newStats(b *Bridge) *stats {
@@ -43,15 +46,24 @@ func newStats(b *Bridge) *stats {
 	return &stats{
 		b:       b,
 		exports: map[string]uint64{},
+		wq:      map[string]*wqCounters{},
 		imports: map[string]*[numImportResults]uint64{},
 		descs: map[string]*prometheus.Desc{
-			"exported":   d("messages_exported_total", "MQTT messages published to a pub/sub exchange and confirmed by RabbitMQ.", "exchange"),
-			"imported":   d("messages_imported_total", "Messages taken from the import queue, by exchange and outcome (delivered, local_origin, duplicate, unmappable, failed).", "exchange", "outcome"),
-			"connected":  d("link_up", "1 when the bridge has a working connection to its RabbitMQ node, else 0."),
-			"reconnects": d("connection_failures_total", "RabbitMQ connection attempts that failed or sessions that were lost."),
-			"outbox":     d("outbox_messages", "Messages waiting to be published or confirmed."),
-			"dropped":    d("messages_dropped_total", "Messages dropped before reaching RabbitMQ (outbox full or refused 5 times).", "reason"),
-			"bindings":   d("bindings", "Bindings of the import queue (one per exchange and local subscription overlapping an export)."),
+			"exported":    d("messages_exported_total", "MQTT messages published to a pub/sub exchange and confirmed by RabbitMQ.", "exchange"),
+			"imported":    d("messages_imported_total", "Messages taken from the import queue, by exchange and outcome (delivered, local_origin, duplicate, unmappable, failed).", "exchange", "outcome"),
+			"connected":   d("link_up", "1 when the bridge has a working connection to its RabbitMQ node, else 0."),
+			"reconnects":  d("connection_failures_total", "RabbitMQ connection attempts that failed or sessions that were lost."),
+			"outbox":      d("outbox_messages", "Messages waiting to be published or confirmed."),
+			"dropped":     d("messages_dropped_total", "Messages dropped before reaching RabbitMQ (outbox full or refused 5 times).", "reason"),
+			"bindings":    d("bindings", "Bindings of the import queue (one per exchange and local subscription overlapping an export)."),
+			"wq_received": d("wq_messages_received_total", "Messages taken from a work queue, by source: local (wq.<g>), own_overflow (intake, published here), other_site (intake, published at another site).", "queue", "source"),
+			"wq_settled":  d("wq_messages_settled_total", "Work-queue messages settled with RabbitMQ, by outcome: completed (acknowledged after the member's PUBACK), requeued, duplicate, unmappable.", "queue", "outcome"),
+			"wq_overflow": d("wq_overflow_received_total", "Messages that overflowed (TTL or max length) out of the work queue of origin site and were received here; origin equal to site means they came back.", "queue", "origin"),
+			"wq_ttl":      d("wq_ttl_seconds", "Current message TTL of the work queue's policy (eq. 2.12).", "queue"),
+			"wq_maxlen":   d("wq_max_length", "Current max length of the work queue's policy (eq. 2.12).", "queue"),
+			"wq_weight":   d("wq_weight", "Current consistent-hash weight of this site's intake (eq. 2.13).", "queue"),
+			"wq_depth":    d("wq_messages_in_queue", "Messages ready or unacknowledged in the work queue and intake (eq. 2.14).", "queue"),
+			"agent":       d("agent_actions_total", "Site agent actions: configuration messages applied, queue events handled.", "kind"),
 		},
 	}
 }
@@ -71,6 +83,83 @@ func (s *stats) imported(exchange string, r importResult) {
 	}
 	c[r]++
 	s.mu.Unlock()
+}
+
+// wqCounters counts one group's work-queue traffic.
+type wqCounters struct {
+	received  [numWQSources]uint64
+	settled   map[string]uint64
+	fromSites map[string]uint64
+}
+
+func (s *stats) wqGroup(g string) *wqCounters {
+	c := s.wq[g]
+	if c == nil {
+		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}}
+		s.wq[g] = c
+	}
+	return c
+}
+
+func (s *stats) wqReceived(g string, src wqSource) {
+	s.mu.Lock()
+	s.wqGroup(g).received[src]++
+	s.mu.Unlock()
+}
+
+func (s *stats) wqFromSite(g, origin string) {
+	s.mu.Lock()
+	s.wqGroup(g).fromSites[origin]++
+	s.mu.Unlock()
+}
+
+func (s *stats) wqSettled(g, outcome string) {
+	s.mu.Lock()
+	s.wqGroup(g).settled[outcome]++
+	s.mu.Unlock()
+}
+
+// WorkQueueStats is one work queue's traffic and tuning at this site.
+type WorkQueueStats struct {
+	// Received counts messages taken from RabbitMQ: Local from wq.<g>,
+	// OwnOverflow and FromOtherSites from the intake queue.
+	Local, OwnOverflow, FromOtherSites uint64
+	// Completed, Requeued and Duplicates count settlements.
+	Completed, Requeued, Duplicates uint64
+	// FromSite splits FromOtherSites by origin site: the overflow of each
+	// other site that this site worked on.
+	FromSite map[string]uint64
+	// MaxLength, TTL and Weight are what the last retune applied.
+	MaxLength int
+	TTL       time.Duration
+	Weight    int
+	// InQueue is eq. 2.14 at the last retune.
+	InQueue int
+}
+
+// WorkQueueStats returns the stats of every exported group, by group name.
+func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
+	out := map[string]WorkQueueStats{}
+	b.wqMu.Lock()
+	for _, g := range b.groups {
+		st := b.wqStates[g.name]
+		out[g.name] = WorkQueueStats{FromSite: map[string]uint64{}, MaxLength: st.maxLength, TTL: st.ttl, Weight: st.weight, InQueue: st.inQueue}
+	}
+	b.wqMu.Unlock()
+	s := b.stats
+	s.mu.Lock()
+	for g, c := range s.wq {
+		w := out[g]
+		w.Local, w.OwnOverflow, w.FromOtherSites = c.received[fromWorkQueue], c.received[fromOwnOverflow], c.received[fromOtherSite]
+		w.Completed, w.Requeued, w.Duplicates = c.settled["completed"], c.settled["requeued"], c.settled["duplicate"]
+		w.FromSite = map[string]uint64{}
+		for o, n := range c.fromSites {
+			w.FromSite[o] = n
+		}
+		out[g] = w
+	}
+	s.mu.Unlock()
+	return out
 }
 
 // warnDropped logs that the outbox overflowed, at most every 10 s.
@@ -131,4 +220,23 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(s.descs["dropped"], prometheus.CounterValue, float64(s.b.outbox.droppedCount()), "outbox_full")
 	ch <- prometheus.MustNewConstMetric(s.descs["dropped"], prometheus.CounterValue, float64(s.nacked.Load()), "refused")
 	ch <- prometheus.MustNewConstMetric(s.descs["bindings"], prometheus.GaugeValue, float64(len(s.b.Bindings())))
+	ch <- prometheus.MustNewConstMetric(s.descs["agent"], prometheus.CounterValue, float64(s.configsApplied.Load()), "config_applied")
+	ch <- prometheus.MustNewConstMetric(s.descs["agent"], prometheus.CounterValue, float64(s.events.Load()), "queue_event")
+	for g, w := range s.b.WorkQueueStats() {
+		q := WorkQueueName(g)
+		for src, n := range [numWQSources]uint64{w.Local, w.OwnOverflow, w.FromOtherSites} {
+			ch <- prometheus.MustNewConstMetric(s.descs["wq_received"], prometheus.CounterValue, float64(n), q, wqSourceNames[src])
+		}
+		for outcome, n := range map[string]uint64{"completed": w.Completed, "requeued": w.Requeued, "duplicate": w.Duplicates} {
+			ch <- prometheus.MustNewConstMetric(s.descs["wq_settled"], prometheus.CounterValue, float64(n), q, outcome)
+		}
+		ch <- prometheus.MustNewConstMetric(s.descs["wq_overflow"], prometheus.CounterValue, float64(w.OwnOverflow), q, s.b.cfg.Site)
+		for o, n := range w.FromSite {
+			ch <- prometheus.MustNewConstMetric(s.descs["wq_overflow"], prometheus.CounterValue, float64(n), q, o)
+		}
+		ch <- prometheus.MustNewConstMetric(s.descs["wq_ttl"], prometheus.GaugeValue, w.TTL.Seconds(), q)
+		ch <- prometheus.MustNewConstMetric(s.descs["wq_maxlen"], prometheus.GaugeValue, float64(w.MaxLength), q)
+		ch <- prometheus.MustNewConstMetric(s.descs["wq_weight"], prometheus.GaugeValue, float64(w.Weight), q)
+		ch <- prometheus.MustNewConstMetric(s.descs["wq_depth"], prometheus.GaugeValue, float64(w.InQueue), q)
+	}
 }

@@ -13,6 +13,7 @@ type outMsg struct {
 	key      string
 	pub      amqp.Publishing
 	attempts int
+	label    string // counted under this name instead of exchange
 }
 
 // outbox is a bounded FIFO of messages to publish. When full, the oldest
@@ -126,6 +127,14 @@ type dedup struct {
 
 func newDedup(n int) *dedup {
 	return &dedup{ring: make([]string, n), set: make(map[string]struct{}, n)}
+}
+
+// contains reports whether id was recorded, without recording it.
+func (d *dedup) contains(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.set[id]
+	return ok
 }
 
 // seen records id and reports whether it was already recorded. Empty IDs

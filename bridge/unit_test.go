@@ -2,10 +2,14 @@ package bridge
 
 import (
 	"context"
+	"encoding/json"
+	"sort"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/scoring"
 )
 
 func TestExchangeName(t *testing.T) {
@@ -52,7 +56,18 @@ func TestConfigErrors(t *testing.T) {
 		{"system export", func(c *Config) { c.Exports = []string{"$SYS/#"} }, `export "$SYS/#"`},
 		{"bad export", func(c *Config) { c.Exports = []string{"a/b#"} }, `export "a/b#"`},
 		{"bad group", func(c *Config) { c.ExportGroups = []string{"jobs/#"} }, `export-group "jobs/#"`},
-		{"group not yet", func(c *Config) { c.ExportGroups = []string{"$share/g/jobs/#"} }, "not implemented yet"},
+		{"group needs management", func(c *Config) { c.ExportGroups = []string{"$share/g/jobs/#"} }, "needs the management URL"},
+		{"bad group name", func(c *Config) { c.ExportGroups = []string{"$share/a.b/jobs/#"} }, `group name "a.b"`},
+		{"bad group filter", func(c *Config) { c.ExportGroups = []string{"$share/g/a/#/b"} }, `filter "a/#/b"`},
+		{"group twice", func(c *Config) {
+			c.ExportGroups = []string{"$share/g/a", "$share/g/b"}
+			c.WorkQueue = WorkQueueConfig{ManagementURL: "http://127.0.0.1:1", Load: noLoad{}}
+		}, `group "g" is exported twice`},
+		{"bad management url", func(c *Config) { c.WorkQueue.ManagementURL = "amqp://x" }, `amqp-management-url "amqp://x"`},
+		{"group needs load", func(c *Config) {
+			c.ExportGroups = []string{"$share/g/jobs/#"}
+			c.WorkQueue.ManagementURL = "http://127.0.0.1:1"
+		}, "needs a load source"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,4 +129,61 @@ func TestDedup(t *testing.T) {
 func TestFullMesh(t *testing.T) {
 	ups := FullMesh("b", []string{"a", "b", "c"}, func(from, to string) string { return "amqp://" + from + "-" + to })
 	require.Equal(t, []Upstream{{Site: "a", URI: "amqp://b-a"}, {Site: "c", URI: "amqp://b-c"}}, ups)
+}
+
+type noLoad struct{}
+
+func (noLoad) Snapshot() []scoring.GroupSnapshot { return nil }
+
+func TestCapacity(t *testing.T) {
+	c, err := WorkQueueConfig{ManagementURL: "http://127.0.0.1:1", Load: noLoad{}}.withDefaults("amqp://u:p@127.0.0.1/", true)
+	require.NoError(t, err)
+	require.Equal(t, "u", c.Username)
+	ms := time.Millisecond
+	tests := []struct {
+		name      string
+		members   []scoring.MemberSnapshot
+		online    int
+		available float64
+		room      bool
+	}{
+		{"none", nil, 0, 0, false},
+		{"offline only", []scoring.MemberSnapshot{{Online: false}}, 0, 0, false},
+		{"idle silent member", []scoring.MemberSnapshot{{Online: true}}, 1, 1, true},
+		{"busy silent member", []scoring.MemberSnapshot{{Online: true, InFlight: 1}}, 1, 1, false},
+		{"backlogged silent member", []scoring.MemberSnapshot{{Online: true, InFlight: 3}}, 1, 1.0 / 3, false},
+		{"reporting, one service time queued", []scoring.MemberSnapshot{{Online: true, ServiceEstimate: 100 * ms, PredictedWait: 100 * ms}}, 1, 0.5, true},
+		{"reporting, three queued", []scoring.MemberSnapshot{{Online: true, ServiceEstimate: 100 * ms, PredictedWait: 300 * ms}}, 1, 0.25, false},
+		{"two idle", []scoring.MemberSnapshot{{Online: true}, {Online: true}}, 2, 2, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := c.capacity(tt.members)
+			require.Equal(t, tt.online, got.Online)
+			require.InDelta(t, tt.available, got.Available, 1e-9)
+			require.Equal(t, max(int(3000*tt.available), 1), got.MaxLength)
+			require.Equal(t, max(time.Duration(float64(500*ms)*tt.available), ms), got.TTL)
+			require.Equal(t, tt.room, hasRoom(tt.members))
+		})
+	}
+	require.Equal(t, 1, weight(10, 30))
+	require.Equal(t, 7, weight(10, 3))
+}
+
+func TestFederationFor(t *testing.T) {
+	var m configMessage
+	require.NoError(t, json.Unmarshal([]byte(`{"pubsub.weather":[{"uri":"amqp://b:5672"}],"wq.jobs":[{"uri":"amqp://b:5672"},{"uri":"amqp://c:5672"}]}`), &m))
+	xs, err := federationFor(m)
+	require.NoError(t, err)
+	sort.Slice(xs, func(i, j int) bool { return xs[i].Exchange < xs[j].Exchange })
+	require.Equal(t, []ExchangeFederation{
+		{Exchange: "pubsub.weather", Upstreams: []Upstream{{Site: "0", URI: "amqp://b:5672"}}},
+		{Exchange: "wq.jobs.in", UpstreamExchange: "wq.jobs.dlx", Upstreams: []Upstream{{Site: "0", URI: "amqp://b:5672"}, {Site: "1", URI: "amqp://c:5672"}}},
+	}, xs)
+	for _, bad := range []string{`{"other":[]}`, `{"wq.a.b":[]}`, `{"pubsub.x":[{"uri":"http://x"}]}`} {
+		var m configMessage
+		require.NoError(t, json.Unmarshal([]byte(bad), &m))
+		_, err := federationFor(m)
+		require.ErrorIs(t, err, ErrInvalidConfig, bad)
+	}
 }

@@ -91,6 +91,26 @@ func New(cfg Config) (*Broker, error) {
 		Capabilities: capabilities,
 		InlineClient: cfg.AMQPURL != "", // the bridge injects remote messages through it
 	})
+	// The bridge hook goes first: for exported groups it decides which
+	// messages reach the group before the selection hook picks the member.
+	if cfg.AMQPURL != "" {
+		wq := cfg.WorkQueue
+		wq.ManagementURL, wq.Load = cfg.AMQPManagementURL, b.engine
+		b.bridge, err = bridge.New(bridge.Config{
+			Site:         cfg.Site,
+			AMQPURL:      cfg.AMQPURL,
+			Exports:      cfg.Exports,
+			ExportGroups: cfg.ExportGroups,
+			Logger:       cfg.Logger,
+			WorkQueue:    wq,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		if err := b.bridge.Attach(b.server); err != nil {
+			return nil, err
+		}
+	}
 	b.selection, err = hooks.NewSelectionHook(hooks.SelectionConfig{
 		Engine:         b.engine,
 		Server:         b.server,
@@ -109,21 +129,6 @@ func New(cfg Config) (*Broker, error) {
 	} else {
 		if err := b.server.AddHook(new(auth.AllowHook), nil); err != nil {
 			return nil, fmt.Errorf("adding allow-all hook: %w", err)
-		}
-	}
-	if cfg.AMQPURL != "" {
-		b.bridge, err = bridge.New(bridge.Config{
-			Site:         cfg.Site,
-			AMQPURL:      cfg.AMQPURL,
-			Exports:      cfg.Exports,
-			ExportGroups: cfg.ExportGroups,
-			Logger:       cfg.Logger,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-		if err := b.bridge.Attach(b.server); err != nil {
-			return nil, err
 		}
 	}
 	return b, nil
@@ -252,6 +257,7 @@ func (b *Broker) Close() error {
 			_ = b.bridge.Close() // before the server, so nothing is injected into a closed broker
 		}
 		if started {
+			b.disconnectClients(5 * time.Second)
 			err = b.server.Close()
 		}
 		if b.http != nil {
@@ -265,3 +271,28 @@ func (b *Broker) Close() error {
 	})
 	return err
 }
+
+// disconnectClients stops every client connection and waits, at most
+// timeout, for Mochi to finish with them. Mochi 2.7.9's Close lists a
+// listener's clients while holding the clients' read lock and takes it
+// again inside (Clients.GetByListener calls Len); a client removing
+// itself at that moment waits for the write lock and both block forever.
+// With every client already gone, Close finds nothing to race with.
+func (b *Broker) disconnectClients(timeout time.Duration) {
+	for _, cl := range b.server.Clients.GetAll() {
+		cl.Stop(errBrokerClosing)
+	}
+	done := make(chan struct{})
+	go func() {
+		b.server.Listeners.ClientsWg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		b.log.Warn("clients still finishing at shutdown", "timeout", timeout)
+	}
+}
+
+// errBrokerClosing is the stop cause of clients disconnected at shutdown.
+var errBrokerClosing = errors.New("broker shutting down")

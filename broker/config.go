@@ -49,9 +49,17 @@ type Config struct {
 	Site string
 	// Exports are the MQTT filters shared with the other sites.
 	Exports []string
-	// ExportGroups are shared subscriptions ($share/<g>/<filter>) to serve
-	// as work queues across sites (not implemented yet).
+	// ExportGroups are shared subscriptions ($share/<g>/<filter>) served
+	// as work queues across sites; they need AMQPManagementURL.
 	ExportGroups []string
+	// AMQPManagementURL is the management API of the site's RabbitMQ node
+	// (http://127.0.0.1:15672). Set, it runs the site agent (configuration
+	// queue, queue events, work-queue policies).
+	AMQPManagementURL string
+	// WorkQueue tunes the work queues (eq. 2.12 constants, retune
+	// interval); its ManagementURL and Load are set from AMQPManagementURL
+	// and the selection engine.
+	WorkQueue bridge.WorkQueueConfig
 }
 
 // DefaultMaxPacketSize is the default limit on an inbound MQTT packet.
@@ -97,14 +105,15 @@ func (c Config) withDefaults() (Config, error) {
 	if c.TLSListen != "" && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
 		return c, fmt.Errorf("%w: tls-listen %s needs both tls-cert and tls-key", ErrInvalidConfig, c.TLSListen)
 	}
-	if c.AMQPURL == "" && (c.Site != "" || len(c.Exports) > 0 || len(c.ExportGroups) > 0) {
-		return c, fmt.Errorf("%w: site, export and export-group need amqp-url (the site's RabbitMQ node)", ErrInvalidConfig)
+	if c.AMQPURL == "" && (c.Site != "" || len(c.Exports) > 0 || len(c.ExportGroups) > 0 || c.AMQPManagementURL != "") {
+		return c, fmt.Errorf("%w: site, export, export-group and amqp-management-url need amqp-url (the site's RabbitMQ node)", ErrInvalidConfig)
 	}
 	if c.AMQPURL != "" && c.Site == "" {
 		return c, fmt.Errorf("%w: amqp-url needs site (a name for this site, e.g. --site berlin)", ErrInvalidConfig)
 	}
 	if c.AMQPURL != "" {
-		bc := bridge.Config{Site: c.Site, AMQPURL: c.AMQPURL, Exports: c.Exports, ExportGroups: c.ExportGroups}
+		bc := bridge.Config{Site: c.Site, AMQPURL: c.AMQPURL, Exports: c.Exports, ExportGroups: c.ExportGroups,
+			WorkQueue: bridge.WorkQueueConfig{ManagementURL: c.AMQPManagementURL, Load: noLoad{}}}
 		if err := bc.Validate(); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
@@ -117,3 +126,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	return c, nil
 }
+
+// noLoad stands in for the selection engine while validating.
+type noLoad struct{}
+
+func (noLoad) Snapshot() []scoring.GroupSnapshot { return nil }

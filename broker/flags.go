@@ -35,6 +35,7 @@ type fileConfig struct {
 	Site           *string  `yaml:"site"`
 	Export         []string `yaml:"export"`
 	ExportGroup    []string `yaml:"export-group"`
+	AMQPManagement *string  `yaml:"amqp-management-url"`
 }
 
 // listFlag is a repeatable flag whose values may also be comma-separated.
@@ -76,12 +77,13 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		authFile       = fs.String("auth-file", "", "Mochi auth/ACL ledger file (YAML or JSON); empty allows anonymous access")
 		logLevel       = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		amqpURL        = fs.String("amqp-url", "", "this site's RabbitMQ node, e.g. amqp://guest:guest@127.0.0.1:5672/; enables the multi-site bridge")
+		amqpMgmt       = fs.String("amqp-management-url", "", "management API of this site's RabbitMQ node, e.g. http://127.0.0.1:15672; runs the site agent; needed by --export-group")
 		site           = fs.String("site", "", "name of this site (letters, digits, '-', '_'); required with --amqp-url")
 		exports        listFlag
 		exportGroups   listFlag
 	)
 	fs.Var(&exports, "export", "MQTT filter shared with the other sites through RabbitMQ (repeatable or comma-separated), e.g. sensors/#")
-	fs.Var(&exportGroups, "export-group", "shared subscription $share/<group>/<filter> served as a work queue across sites (repeatable; not implemented yet)")
+	fs.Var(&exportGroups, "export-group", "shared subscription $share/<group>/<filter> served as a work queue wq.<group> across sites (repeatable; needs --amqp-management-url)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(usageOutput)
@@ -139,6 +141,7 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		}
 		takeString("amqp-url", amqpURL, fc.AMQPURL)
 		takeString("site", site, fc.Site)
+		takeString("amqp-management-url", amqpMgmt, fc.AMQPManagement)
 		if fc.Export != nil && !set["export"] {
 			exports = fc.Export
 		}
@@ -161,22 +164,23 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		return Config{}, fmt.Errorf("report-interval %v must be positive", *reportInterval)
 	}
 	cfg := Config{
-		MQTTListen:     *listen,
-		TLSListen:      *tlsListen,
-		TLSCertFile:    *tlsCert,
-		TLSKeyFile:     *tlsKey,
-		WSListen:       *wsListen,
-		HTTPListen:     *httpListen,
-		Strategy:       *strategy,
-		ReportInterval: *reportInterval,
-		StaleAfter:     *staleAfter,
-		AuthFile:       *authFile,
-		MaxPacketSize:  *maxPacketSize,
-		AMQPURL:        *amqpURL,
-		Site:           *site,
-		Exports:        exports,
-		ExportGroups:   exportGroups,
-		Logger:         slog.New(slog.NewTextHandler(logOutput, &slog.HandlerOptions{Level: level})),
+		MQTTListen:        *listen,
+		TLSListen:         *tlsListen,
+		TLSCertFile:       *tlsCert,
+		TLSKeyFile:        *tlsKey,
+		WSListen:          *wsListen,
+		HTTPListen:        *httpListen,
+		Strategy:          *strategy,
+		ReportInterval:    *reportInterval,
+		StaleAfter:        *staleAfter,
+		AuthFile:          *authFile,
+		MaxPacketSize:     *maxPacketSize,
+		AMQPURL:           *amqpURL,
+		Site:              *site,
+		Exports:           exports,
+		ExportGroups:      exportGroups,
+		AMQPManagementURL: *amqpMgmt,
+		Logger:            slog.New(slog.NewTextHandler(logOutput, &slog.HandlerOptions{Level: level})),
 	}
 	// Validate now so a bad value is reported before anything starts.
 	if _, err := cfg.withDefaults(); err != nil {

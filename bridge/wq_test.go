@@ -1,0 +1,460 @@
+package bridge_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/bridge"
+	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/rabbitharness"
+)
+
+// wqSites are the two sites of the work-queue tests.
+var wqSites = []string{"berlin", "tunis"}
+
+// tally counts processed messages by sequence number and message ID.
+type tally struct {
+	mu     sync.Mutex
+	bySeq  map[int]int
+	byID   map[string]int
+	bySite map[string]int
+}
+
+func newTally() *tally {
+	return &tally{bySeq: map[int]int{}, byID: map[string]int{}, bySite: map[string]int{}}
+}
+
+func (t *tally) record(site string, seq int, id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.bySeq[seq]++
+	t.byID[id]++
+	t.bySite[site]++
+}
+
+// counts returns distinct sequence numbers, duplicate deliveries, distinct
+// message IDs and the per-site counts.
+func (t *tally) counts() (distinct, dups, ids int, bySite map[string]int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	bySite = map[string]int{}
+	for s, n := range t.bySite {
+		bySite[s] = n
+	}
+	for _, n := range t.bySeq {
+		distinct++
+		dups += n - 1
+	}
+	return distinct, dups, len(t.byID), bySite
+}
+
+// worker is an MQTT v5 member of a shared group that processes one
+// message at a time for a fixed service time and acknowledges (PUBACK) it
+// afterwards.
+type worker struct {
+	client *paho.Client
+	conn   net.Conn
+	killed atomic.Bool
+	busy   atomic.Bool // working on a message it has not acknowledged
+}
+
+func startWorker(t *testing.T, addr, id, share, site string, service time.Duration, tl *tally) *worker {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	w := &worker{conn: conn}
+	w.client = paho.NewClient(paho.ClientConfig{
+		ClientID:                   id,
+		Conn:                       conn,
+		EnableManualAcknowledgment: true,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
+			func(pr paho.PublishReceived) (bool, error) {
+				w.busy.Store(true)
+				defer w.busy.Store(false)
+				time.Sleep(service) // the work itself
+				if w.killed.Load() {
+					return true, nil // crashed before finishing: no record, no PUBACK
+				}
+				seq, _ := strconv.Atoi(string(pr.Packet.Payload))
+				msgID := ""
+				if pr.Packet.Properties != nil {
+					msgID = pr.Packet.Properties.User.Get(bridge.MessageIDUserProperty)
+				}
+				tl.record(site, seq, msgID)
+				_ = w.client.Ack(pr.Packet)
+				return true, nil
+			},
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = w.client.Connect(ctx, &paho.Connect{ClientID: id, KeepAlive: 30, CleanStart: true})
+	require.NoError(t, err)
+	_, err = w.client.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: share, QoS: 1}}})
+	require.NoError(t, err)
+	t.Cleanup(w.kill)
+	return w
+}
+
+// kill ends the worker's connection abruptly, as a crash would.
+func (w *worker) kill() {
+	w.killed.Store(true)
+	_ = w.conn.Close()
+}
+
+// wqSetup is a work-queue scenario.
+type wqSetup struct {
+	group    string
+	workers  map[string][]time.Duration // service time of each worker, by site
+	messages int
+	rate     int // messages per second, published at berlin
+	// during runs once after some messages were processed.
+	during func(t *testing.T, ws map[string][]*worker)
+}
+
+// wqResult is what a scenario measured.
+type wqResult struct {
+	sent, distinct, dups, ids int
+	bySite                    map[string]int
+	stats                     map[string]bridge.WorkQueueStats
+}
+
+func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
+	t.Helper()
+	share := "$share/" + s.group + "/jobs/" + s.group + "/#"
+	brokers := map[string]*broker.Broker{}
+	for _, name := range wqSites {
+		b, err := broker.New(broker.Config{
+			MQTTListen:        "127.0.0.1:0",
+			ReportInterval:    time.Second,
+			Logger:            testLogger(t),
+			AMQPURL:           h.Node(name).AMQPURL(),
+			AMQPManagementURL: h.Node(name).ManagementURL(),
+			Site:              name,
+			ExportGroups:      []string{share},
+			WorkQueue: bridge.WorkQueueConfig{
+				MaxLengthPerMember: 10,
+				TTLPerMember:       200 * time.Millisecond,
+				RetuneInterval:     100 * time.Millisecond,
+			},
+		})
+		require.NoError(t, err)
+		require.NoError(t, b.Start())
+		t.Cleanup(func() { _ = b.Close() })
+		brokers[name] = b
+	}
+	// The controller's configuration messages: each site's intake
+	// federates from the other site's dead-letter exchange.
+	for _, name := range wqSites {
+		var ups []map[string]string
+		for _, other := range wqSites {
+			if other != name {
+				l, err := h.Link(h.Node(name), h.Node(other))
+				require.NoError(t, err)
+				ups = append(ups, map[string]string{"uri": l.AMQPURL()})
+			}
+		}
+		body, err := json.Marshal(map[string]any{bridge.WorkQueueName(s.group): ups})
+		require.NoError(t, err)
+		publishAMQP(t, h.Node(name).AMQPURL(), bridge.ConfigQueueName(name), body)
+	}
+	tl := newTally()
+	ws := map[string][]*worker{}
+	for site, services := range s.workers {
+		for i, svc := range services {
+			ws[site] = append(ws[site], startWorker(t, brokers[site].MQTTAddr(), fmt.Sprintf("%s-%s-%d", s.group, site, i), share, site, svc, tl))
+		}
+	}
+	// Ready when every site retuned with its members online and each
+	// site's dead-letter exchange has a federated binding to the other.
+	require.Eventually(t, func() bool {
+		for _, name := range wqSites {
+			st := brokers[name].Bridge().WorkQueueStats()[s.group]
+			if len(s.workers[name]) > 0 && st.MaxLength <= 1 {
+				return false
+			}
+			if len(s.workers[name]) > 0 && federatedBindings(h.Node(otherSite(name)), bridge.DeadLetterExchangeName(s.group)) == 0 {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 100*time.Millisecond, "work queue %s not ready", s.group)
+
+	pub := connectMQTT(t, brokers["berlin"].MQTTAddr(), "pub-"+s.group)
+	tick := time.NewTicker(time.Second / time.Duration(s.rate))
+	defer tick.Stop()
+	duringDone := s.during == nil
+	for i := 0; i < s.messages; i++ {
+		<-tick.C
+		pub.publish(t, &paho.Publish{Topic: "jobs/" + s.group + "/" + strconv.Itoa(i%7), QoS: 1, Payload: []byte(strconv.Itoa(i))})
+		if !duringDone {
+			if d, _, _, _ := tl.counts(); d >= s.messages/4 {
+				s.during(t, ws)
+				duringDone = true
+			}
+		}
+	}
+	require.Eventually(t, func() bool {
+		d, _, _, _ := tl.counts()
+		return d == s.messages
+	}, 60*time.Second, 50*time.Millisecond, "not every message was processed: %v", stringer(func() string {
+		d, dups, _, by := tl.counts()
+		missing := []int{}
+		tl.mu.Lock()
+		for i := 0; i < s.messages; i++ {
+			if tl.bySeq[i] == 0 {
+				missing = append(missing, i)
+			}
+		}
+		tl.mu.Unlock()
+		exported, _ := brokers["berlin"].Bridge().Counts()
+		return fmt.Sprintf("distinct %d/%d missing %v dups %d by site %v exported %v berlin %+v tunis %+v queues: %s", d, s.messages, missing, dups, by, exported,
+			brokers["berlin"].Bridge().WorkQueueStats()[s.group], brokers["tunis"].Bridge().WorkQueueStats()[s.group], nonEmptyQueues(h))
+	}))
+	// Let late duplicates, if any, arrive: every taken message settled.
+	require.Eventually(t, func() bool {
+		for _, name := range wqSites {
+			st := brokers[name].Bridge().WorkQueueStats()[s.group]
+			if st.Local+st.OwnOverflow+st.FromOtherSites != st.Completed+st.Requeued+st.Duplicates {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 50*time.Millisecond)
+	// The same figures reach Prometheus.
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(brokers["tunis"].Bridge().Collector()))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	for _, mf := range mfs {
+		seen[mf.GetName()] = true
+		if mf.GetName() == "luffymq_bridge_wq_messages_received_total" {
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["queue"] == bridge.WorkQueueName(s.group) && labels["source"] == "other_site" {
+					require.Equal(t, float64(brokers["tunis"].Bridge().WorkQueueStats()[s.group].FromOtherSites), m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	for _, name := range []string{"wq_messages_received_total", "wq_messages_settled_total", "wq_overflow_received_total", "wq_ttl_seconds", "wq_max_length", "wq_weight", "wq_messages_in_queue", "agent_actions_total"} {
+		require.True(t, seen["luffymq_bridge_"+name], "metric %s missing", name)
+	}
+	r := wqResult{sent: s.messages, stats: map[string]bridge.WorkQueueStats{}}
+	r.distinct, r.dups, r.ids, r.bySite = tl.counts()
+	for _, name := range wqSites {
+		r.stats[name] = brokers[name].Bridge().WorkQueueStats()[s.group]
+	}
+	t.Logf("%s: sent %d, processed distinct %d (by site %v), duplicates %d, distinct message IDs %d; berlin %+v; tunis %+v",
+		s.group, r.sent, r.distinct, r.bySite, r.dups, r.ids, r.stats["berlin"], r.stats["tunis"])
+	return r
+}
+
+func otherSite(name string) string {
+	if name == wqSites[0] {
+		return wqSites[1]
+	}
+	return wqSites[0]
+}
+
+// federatedBindings counts the bindings of exchange x on n whose
+// destination is a federation link's exchange.
+func federatedBindings(n *rabbitharness.Node, x string) int {
+	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
+	if err != nil {
+		return 0
+	}
+	bs, err := rh.ListExchangeBindingsWithSource("/", x)
+	if err != nil {
+		return 0
+	}
+	count := 0
+	for _, b := range bs {
+		if b.DestinationType == "exchange" && strings.HasPrefix(b.Destination, "federation:") {
+			count++
+		}
+	}
+	return count
+}
+
+func publishAMQP(t *testing.T, url, queue string, body []byte) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.PublishWithContext(context.Background(), "", queue, false, false, amqp.Publishing{ContentType: "application/json", Body: body}))
+}
+
+func TestWorkQueues(t *testing.T) {
+	h := sharedNodes(t)
+	ms := time.Millisecond
+	tests := []struct {
+		name  string
+		setup wqSetup
+		check func(t *testing.T, r wqResult)
+	}{
+		{
+			// Berlin's one worker takes 100 ms a message and 30 msg/s
+			// arrive: the excess must leave for Tunis.
+			name:  "overflow spills to the site with spare capacity",
+			setup: wqSetup{group: "spill", workers: map[string][]time.Duration{"berlin": {100 * ms}, "tunis": {20 * ms, 20 * ms}}, messages: 60, rate: 30},
+			check: func(t *testing.T, r wqResult) {
+				require.Positive(t, r.bySite["tunis"], "nothing spilled")
+				require.Positive(t, r.stats["tunis"].FromOtherSites)
+				require.Equal(t, r.stats["tunis"].FromOtherSites, r.stats["tunis"].FromSite["berlin"])
+				require.Positive(t, r.bySite["berlin"])
+			},
+		},
+		{
+			// Two 10 ms workers absorb 20 msg/s: nothing leaves Berlin.
+			name:  "enough local capacity keeps every message local",
+			setup: wqSetup{group: "local", workers: map[string][]time.Duration{"berlin": {10 * ms, 10 * ms}, "tunis": {10 * ms}}, messages: 40, rate: 20},
+			check: func(t *testing.T, r wqResult) {
+				require.Equal(t, r.sent, r.bySite["berlin"])
+				require.Zero(t, r.bySite["tunis"])
+				require.Zero(t, r.stats["tunis"].FromOtherSites)
+				require.Zero(t, r.stats["berlin"].OwnOverflow)
+				require.Empty(t, r.stats["tunis"].FromSite)
+			},
+		},
+		{
+			// A QoS 1 worker dies holding a message: it is redelivered.
+			name: "a killed worker loses nothing",
+			setup: wqSetup{group: "kill", workers: map[string][]time.Duration{"berlin": {50 * ms, 50 * ms, 50 * ms}, "tunis": {20 * ms}}, messages: 60, rate: 30,
+				during: func(t *testing.T, ws map[string][]*worker) {
+					var victim *worker
+					require.Eventually(t, func() bool {
+						for _, w := range ws["berlin"] {
+							if w.busy.Load() {
+								victim = w
+								return true
+							}
+						}
+						return false
+					}, 10*time.Second, time.Millisecond, "no berlin worker busy")
+					victim.kill()
+				}},
+			check: func(t *testing.T, r wqResult) {
+				require.Positive(t, r.stats["berlin"].Requeued+r.stats["tunis"].Requeued, "the killed worker's message was not requeued")
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runWorkQueue(t, h, tt.setup)
+			require.Equal(t, r.sent, r.distinct, "lost messages")
+			// At-least-once: a duplicate would carry the same message ID,
+			// so a member deduplicating by ID processes each exactly once.
+			require.Equal(t, r.sent, r.ids, "message IDs are not one per message")
+			tt.check(t, r)
+		})
+	}
+}
+
+// TestEventAgent checks that a wq.* queue created by anyone gets its
+// overflow topology and policy, removed again with the queue.
+func TestEventAgent(t *testing.T) {
+	h := sharedNodes(t)
+	n := h.Node("montreal")
+	b, err := broker.New(broker.Config{
+		MQTTListen:        "127.0.0.1:0",
+		Logger:            testLogger(t),
+		AMQPURL:           n.AMQPURL(),
+		AMQPManagementURL: n.ManagementURL(),
+		Site:              "montreal",
+	})
+	require.NoError(t, err)
+	require.NoError(t, b.Start())
+	t.Cleanup(func() { _ = b.Close() })
+	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
+	require.NoError(t, err)
+	// The agent's event queue is bound once its consumer exists.
+	require.Eventually(t, func() bool {
+		cs, err := rh.ListConsumersIn("/")
+		if err != nil {
+			return false
+		}
+		for _, c := range cs {
+			if strings.HasPrefix(c.Queue.Name, "amq.gen-") {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 50*time.Millisecond, "event agent not consuming")
+
+	conn, err := amqp.Dial(n.AMQPURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(bridge.WorkQueueName("evt"), true, false, false, false, nil)
+	require.NoError(t, err)
+	exists := func() (dlx, in, intake, policy bool) {
+		_, e1 := rh.GetExchange("/", bridge.DeadLetterExchangeName("evt"))
+		_, e2 := rh.GetExchange("/", bridge.IntakeExchangeName("evt"))
+		_, e3 := rh.GetQueue("/", bridge.IntakeQueueName("evt"))
+		_, e4 := rh.GetPolicy("/", bridge.WorkQueuePolicyPrefix+bridge.WorkQueueName("evt"))
+		_, e5 := rh.GetExchange("/", "wq.evt.ring0")
+		return e1 == nil, e2 == nil && e5 == nil, e3 == nil, e4 == nil
+	}
+	require.Eventually(t, func() bool {
+		a, b, c, d := exists()
+		return a && b && c && d
+	}, 10*time.Second, 50*time.Millisecond, "overflow topology not created")
+	p, err := rh.GetPolicy("/", bridge.WorkQueuePolicyPrefix+bridge.WorkQueueName("evt"))
+	require.NoError(t, err)
+	require.Equal(t, bridge.DeadLetterExchangeName("evt"), p.Definition["dead-letter-exchange"])
+	require.Equal(t, "drop-head", p.Definition["overflow"])
+
+	_, err = ch.QueueDelete(bridge.WorkQueueName("evt"), false, false, false)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		a, b, c, d := exists()
+		_, e := rh.GetExchange("/", "wq.evt.ring1")
+		return !a && !b && !c && !d && e != nil
+	}, 10*time.Second, 50*time.Millisecond, "overflow topology not removed")
+}
+
+// nonEmptyQueues lists the queues holding messages on every node.
+func nonEmptyQueues(h *rabbitharness.Harness) string {
+	var b strings.Builder
+	for _, n := range h.Nodes() {
+		rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
+		if err != nil {
+			continue
+		}
+		qs, err := rh.ListQueues()
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v; ", n.Site, err)
+			continue
+		}
+		for _, q := range qs {
+			if q.Messages > 0 {
+				fmt.Fprintf(&b, "%s: %s ready %d unacked %d; ", n.Site, q.Name, q.MessagesReady, q.MessagesUnacknowledged)
+			}
+		}
+	}
+	return b.String()
+}

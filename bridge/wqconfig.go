@@ -1,0 +1,209 @@
+package bridge
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/luffymq/luffymq/scoring"
+)
+
+// Names of the RabbitMQ entities of a work queue (see the package doc).
+const (
+	// WorkQueuePrefix starts the name of every work queue.
+	WorkQueuePrefix = "wq."
+	// WorkQueuePolicyPrefix starts the name of the TTL / max-length policy
+	// of each work queue; the rest is the queue's name.
+	WorkQueuePolicyPrefix = "luffymq-wq:"
+	// MessageIDUserProperty carries the AMQP message ID on every MQTT
+	// message delivered from a work queue, so members can drop the
+	// duplicates that at-least-once delivery may create.
+	MessageIDUserProperty = "luffymq-message-id"
+	// HeaderTopic carries the MQTT topic of a work-queue message, whose
+	// routing key is the queue's name.
+	HeaderTopic = "x-mqtt-topic"
+)
+
+// WorkQueueName returns the durable queue of shared group g: "wq.<g>".
+func WorkQueueName(g string) string { return WorkQueuePrefix + g }
+
+// DeadLetterExchangeName returns the consistent-hash exchange into which
+// wq.<g> dead-letters what it cannot keep: "wq.<g>.dlx".
+func DeadLetterExchangeName(g string) string { return WorkQueuePrefix + g + ".dlx" }
+
+// IntakeExchangeName returns the exchange through which other sites'
+// overflow of group g arrives: "wq.<g>.in", federated from their
+// "wq.<g>.dlx".
+func IntakeExchangeName(g string) string { return WorkQueuePrefix + g + ".in" }
+
+// IntakeQueueName returns the queue holding group g's overflow that this
+// site accepted (its own or other sites'): "luffymq.wqin.<g>". It has no
+// TTL, so a message is dead-lettered at most once.
+func IntakeQueueName(g string) string { return "luffymq.wqin." + g }
+
+// ConfigQueueName returns the site's configuration queue.
+func ConfigQueueName(site string) string { return "luffymq.config." + site }
+
+// LoadSource gives the local shared groups' load (scoring.Engine).
+type LoadSource interface {
+	Snapshot() []scoring.GroupSnapshot
+}
+
+// WorkQueueConfig tunes work queues and the site agent. The zero value of
+// an optional field takes the default shown.
+type WorkQueueConfig struct {
+	// ManagementURL is the site node's management API
+	// (http://127.0.0.1:15672). Required with export groups; when set
+	// without them the site agent still runs (configuration queue and
+	// queue events).
+	ManagementURL string
+	// Username and Password log in to the management API (those of
+	// AMQPURL).
+	Username, Password string
+	// Load reports the local members' load. Required with export groups.
+	Load LoadSource
+	// MaxLengthPerMember is eq. 2.12's C for the queue's max length
+	// (3000 messages).
+	MaxLengthPerMember int
+	// TTLPerMember is eq. 2.12's C for the queue's message TTL (500 ms).
+	TTLPerMember time.Duration
+	// UnackedPerMember bounds the messages taken from RabbitMQ and not yet
+	// acknowledged, per online member (2).
+	UnackedPerMember int
+	// RetuneInterval is how often TTL, max length and weights are
+	// recomputed (1 s).
+	RetuneInterval time.Duration
+	// DeliveryTimeout requeues a message no member took within this long
+	// (10 s).
+	DeliveryTimeout time.Duration
+	// Federation sets the federation links created from configuration
+	// messages (ManagementURL and credentials are taken from above).
+	Federation FederationConfig
+}
+
+func (c WorkQueueConfig) withDefaults(amqpURL string, groups bool) (WorkQueueConfig, error) {
+	if groups && c.ManagementURL == "" {
+		return c, fmt.Errorf("%w: export-group needs the management URL of the site's RabbitMQ node (--amqp-management-url)", ErrInvalidConfig)
+	}
+	if groups && c.Load == nil {
+		return c, fmt.Errorf("%w: export-group needs a load source (the selection engine)", ErrInvalidConfig)
+	}
+	if c.ManagementURL != "" {
+		u, err := url.Parse(c.ManagementURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return c, fmt.Errorf("%w: amqp-management-url %q: want http://host:15672", ErrInvalidConfig, redact(c.ManagementURL))
+		}
+	}
+	if c.Username == "" {
+		if u, err := url.Parse(amqpURL); err == nil && u.User != nil {
+			c.Username = u.User.Username()
+			c.Password, _ = u.User.Password()
+		} else {
+			c.Username, c.Password = "guest", "guest"
+		}
+	}
+	if c.MaxLengthPerMember <= 0 {
+		c.MaxLengthPerMember = 3000
+	}
+	if c.TTLPerMember <= 0 {
+		c.TTLPerMember = 500 * time.Millisecond
+	}
+	if c.UnackedPerMember <= 0 {
+		c.UnackedPerMember = 2
+	}
+	if c.RetuneInterval <= 0 {
+		c.RetuneInterval = time.Second
+	}
+	if c.DeliveryTimeout <= 0 {
+		c.DeliveryTimeout = 10 * time.Second
+	}
+	return c, nil
+}
+
+// workGroup is one exported shared group.
+type workGroup struct {
+	name   string // <g>
+	share  string // $share/<g>/<filter>, the scoring and Mochi group key
+	filter string
+}
+
+func (g *workGroup) queue() string { return WorkQueueName(g.name) }
+
+// parseExportGroup checks $share/<g>/<filter>.
+func parseExportGroup(s string) (*workGroup, error) {
+	parts := strings.SplitN(s, "/", 3)
+	if len(parts) != 3 || parts[0] != "$share" {
+		return nil, fmt.Errorf("%w: export-group %q: want $share/<group>/<filter>", ErrInvalidConfig, s)
+	}
+	if !validName(parts[1]) {
+		return nil, fmt.Errorf("%w: export-group %q: group name %q: use letters, digits, '-' or '_'", ErrInvalidConfig, s, parts[1])
+	}
+	if err := checkExport(parts[2]); err != nil {
+		return nil, fmt.Errorf("%w: export-group %q: filter %q is not a valid MQTT filter outside '$' topics", ErrInvalidConfig, s, parts[2])
+	}
+	return &workGroup{name: parts[1], share: s, filter: parts[2]}, nil
+}
+
+// Capacity is a site's capacity for one group, computed from its members'
+// load as eq. 2.12–2.14 prescribe.
+type Capacity struct {
+	// Online counts the group's online members.
+	Online int
+	// Available is eq. 2.12's ConsumerUtilisation × NumberOfConsumers /
+	// 100: the sum over online members of 1/(1+q), q being how many
+	// service times of work are queued ahead of a new message
+	// (PredictedWait / ServiceEstimate, or in-flight deliveries beyond the
+	// first for members that do not report).
+	Available float64
+	// MaxLength and TTL are eq. 2.12 with Available.
+	MaxLength int
+	TTL       time.Duration
+}
+
+// capacity computes Capacity from a group snapshot.
+func (c WorkQueueConfig) capacity(members []scoring.MemberSnapshot) Capacity {
+	var out Capacity
+	for _, m := range members {
+		if !m.Online {
+			continue
+		}
+		out.Online++
+		var q float64
+		if m.ServiceEstimate > 0 {
+			q = float64(m.PredictedWait) / float64(m.ServiceEstimate)
+		} else if m.InFlight > 1 {
+			q = float64(m.InFlight - 1)
+		}
+		if q < 0 {
+			q = 0
+		}
+		out.Available += 1 / (1 + q)
+	}
+	out.MaxLength = max(int(float64(c.MaxLengthPerMember)*out.Available), 1)
+	out.TTL = max(time.Duration(float64(c.TTLPerMember)*out.Available), time.Millisecond)
+	return out
+}
+
+// hasRoom reports whether some online member can start a message about
+// now: it has no delivery waiting behind the one it works on and, if it
+// reports, a predicted wait under one service time.
+func hasRoom(members []scoring.MemberSnapshot) bool {
+	for _, m := range members {
+		if !m.Online {
+			continue
+		}
+		slots := max(m.Workers, 1)
+		if m.InFlight >= slots {
+			continue
+		}
+		if m.ServiceEstimate > 0 && m.PredictedWait > m.ServiceEstimate {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// weight is eq. 2.13.
+func weight(maxLength, inQueue int) int { return max(maxLength-inQueue, 1) }

@@ -1,0 +1,511 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/luffymq/luffymq/scoring"
+)
+
+// wqSource says which queue a work-queue message was taken from.
+type wqSource int
+
+const (
+	fromWorkQueue   wqSource = iota // wq.<g>: published at this site
+	fromOwnOverflow                 // intake, published at this site
+	fromOtherSite                   // intake, published at another site
+	numWQSources
+)
+
+var wqSourceNames = [numWQSources]string{"local", "own_overflow", "other_site"}
+
+// hashArgs are the arguments of both consistent-hash exchanges of group
+// g: identical, so a federation link may declare either. Hashing on the
+// message ID spreads messages that share a routing key. The alternate
+// exchange catches what the hash ring cannot route — while the intake
+// exchange's only binding is being replaced, or if the ring were ever
+// inconsistent — and hands it to the local intake queue: nothing
+// dead-lettered is dropped.
+func hashArgs(g string) amqp.Table {
+	return amqp.Table{"hash-property": "message_id", "alternate-exchange": ringExchange(g, 0)}
+}
+
+// declareWorkTopology creates the entities of group g at this node: the
+// work queue, its dead-letter and intake exchanges and the intake queue,
+// bound to the dead-letter exchange with weight w.
+func declareWorkTopology(ch *amqp.Channel, g string) error {
+	if _, err := ch.QueueDeclare(WorkQueueName(g), true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declaring queue %s: %w", WorkQueueName(g), err)
+	}
+	return declareOverflowTopology(ch, g, 0)
+}
+
+// adoptBindings reads the weights bound by an earlier process, so that no
+// destination of a consistent-hash exchange ever gets a second binding:
+// RabbitMQ 3.10's ring removes a destination's buckets assuming one
+// contiguous binding, and a second one would corrupt the ring. Without an
+// earlier binding the local intake is bound with weight 1 through ring 0.
+func (b *Bridge) adoptBindings(ch *amqp.Channel, g string) (wqState, error) {
+	var st wqState
+	dlx, err := b.rh.ListExchangeBindingsWithSource(b.vhost(), DeadLetterExchangeName(g))
+	if err != nil {
+		return st, fmt.Errorf("listing bindings of %s on %s: %w", DeadLetterExchangeName(g), b.cfg.WorkQueue.ManagementURL, err)
+	}
+	for _, x := range dlx {
+		for i := 0; i < 2; i++ {
+			if x.Destination == ringExchange(g, i) && st.weight == 0 {
+				if w, err := strconv.Atoi(x.RoutingKey); err == nil && w > 0 {
+					st.weight, st.ring = w, i
+				}
+			}
+		}
+	}
+	if st.weight == 0 {
+		if err := ch.ExchangeBind(ringExchange(g, 0), "1", DeadLetterExchangeName(g), false, nil); err != nil {
+			return st, fmt.Errorf("binding %s to %s: %w", ringExchange(g, 0), DeadLetterExchangeName(g), err)
+		}
+		st.weight = 1
+	}
+	in, err := b.rh.ListExchangeBindingsWithSource(b.vhost(), IntakeExchangeName(g))
+	if err != nil {
+		return st, fmt.Errorf("listing bindings of %s on %s: %w", IntakeExchangeName(g), b.cfg.WorkQueue.ManagementURL, err)
+	}
+	for _, x := range in {
+		if x.Destination == IntakeQueueName(g) && x.DestinationType == "queue" && st.inWeight == 0 {
+			if w, err := strconv.Atoi(x.RoutingKey); err == nil && w > 0 {
+				st.inWeight = w
+			}
+		}
+	}
+	return st, nil
+}
+
+// ringExchange returns one of the two fanout exchanges through which the
+// dead-letter exchange reaches the local intake queue. The
+// consistent-hash exchange forgets every bucket of a destination when any
+// of its bindings goes, so a new weight is bound to the other ring
+// exchange before the old one is unbound: the local intake never drops
+// out of the hash ring.
+func ringExchange(g string, i int) string { return WorkQueuePrefix + g + ".ring" + strconv.Itoa(i) }
+
+// declareOverflowTopology creates what a work queue wq.<g> needs around
+// it (the site agent's reaction to queue.created); with w > 0 the local
+// intake gets weight w through ring exchange 0.
+func declareOverflowTopology(ch *amqp.Channel, g string, w int) error {
+	for _, x := range []string{DeadLetterExchangeName(g), IntakeExchangeName(g)} {
+		if err := ch.ExchangeDeclare(x, "x-consistent-hash", true, false, false, false, hashArgs(g)); err != nil {
+			return fmt.Errorf("declaring consistent-hash exchange %s (is rabbitmq_consistent_hash_exchange enabled?): %w", x, err)
+		}
+	}
+	if _, err := ch.QueueDeclare(IntakeQueueName(g), true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declaring queue %s: %w", IntakeQueueName(g), err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := ch.ExchangeDeclare(ringExchange(g, i), amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declaring exchange %s: %w", ringExchange(g, i), err)
+		}
+		if err := ch.QueueBind(IntakeQueueName(g), "", ringExchange(g, i), false, nil); err != nil {
+			return fmt.Errorf("binding %s to %s: %w", IntakeQueueName(g), ringExchange(g, i), err)
+		}
+	}
+	if w > 0 {
+		if err := ch.ExchangeBind(ringExchange(g, 0), strconv.Itoa(w), DeadLetterExchangeName(g), false, nil); err != nil {
+			return fmt.Errorf("binding %s to %s: %w", ringExchange(g, 0), DeadLetterExchangeName(g), err)
+		}
+	}
+	return nil
+}
+
+// putWorkPolicy sets the TTL / max-length policy of wq.<g>.
+func (b *Bridge) putWorkPolicy(g string, maxLength int, ttl time.Duration) error {
+	q := WorkQueueName(g)
+	policy := rabbithole.Policy{
+		Pattern:  "^" + strings.ReplaceAll(q, ".", `\.`) + "$",
+		ApplyTo:  "queues",
+		Priority: 5,
+		Definition: rabbithole.PolicyDefinition{
+			"message-ttl":          ttl.Milliseconds(),
+			"max-length":           maxLength,
+			"overflow":             "drop-head",
+			"dead-letter-exchange": DeadLetterExchangeName(g),
+		},
+	}
+	if err := checkResponse(b.rh.PutPolicy(b.vhost(), WorkQueuePolicyPrefix+q, policy)); err != nil {
+		return fmt.Errorf("setting policy %s%s on %s: %w", WorkQueuePolicyPrefix, q, b.cfg.WorkQueue.ManagementURL, err)
+	}
+	return nil
+}
+
+func (b *Bridge) vhost() string {
+	if v := b.cfg.WorkQueue.Federation.Vhost; v != "" {
+		return v
+	}
+	return "/"
+}
+
+// wqState is what the retune loop last applied to one group.
+type wqState struct {
+	maxLength int
+	ttl       time.Duration
+	weight    int // bound to the dead-letter exchange through ring exchange ring
+	ring      int
+	inWeight  int // bound to the intake exchange (0: unbound)
+	inQueue   int
+	online    int
+}
+
+// membersOf returns group g's members from the load source.
+func (b *Bridge) membersOf(g *workGroup) []scoring.MemberSnapshot {
+	for _, s := range b.cfg.WorkQueue.Load.Snapshot() {
+		if s.Filter == g.share {
+			return s.Members
+		}
+	}
+	return nil
+}
+
+// consumeLoop takes group g's messages from RabbitMQ at the rate its local
+// members absorb: one basic.get whenever some online member has room and
+// fewer than UnackedPerMember × online messages are unacknowledged. The
+// intake queue goes first: its messages have waited longest.
+func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup, gen uint64) error {
+	idle := 5 * time.Millisecond
+	var woken <-chan struct{}
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-woken:
+			return true
+		case <-t.C:
+			return true
+		}
+	}
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		woken = b.wakeChan()
+		members := b.membersOf(g)
+		c := b.cfg.WorkQueue.capacity(members)
+		if c.Online == 0 || b.wqTrack.count(g.name) >= c.Online*b.cfg.WorkQueue.UnackedPerMember || !hasRoom(members) {
+			if !wait(10 * time.Millisecond) {
+				return nil
+			}
+			continue
+		}
+		source := fromOwnOverflow
+		d, ok, err := ch.Get(IntakeQueueName(g.name), false)
+		if err == nil && !ok {
+			source = fromWorkQueue
+			d, ok, err = ch.Get(g.queue(), false)
+		}
+		if err != nil {
+			return fmt.Errorf("taking from work queue %s: %w", g.queue(), err)
+		}
+		if !ok {
+			if !wait(idle) {
+				return nil
+			}
+			idle = min(2*idle, 50*time.Millisecond)
+			continue
+		}
+		idle = 5 * time.Millisecond
+		if origin, _ := d.Headers[HeaderOrigin].(string); source == fromOwnOverflow && origin != "" && origin != b.cfg.Site {
+			source = fromOtherSite
+		}
+		if source == fromOtherSite {
+			origin, _ := d.Headers[HeaderOrigin].(string)
+			b.stats.wqFromSite(g.name, origin)
+		}
+		if !b.deliverWork(g, d, gen, source) {
+			if !wait(20 * time.Millisecond) { // no member after all: let scoring catch up
+				return nil
+			}
+		}
+	}
+}
+
+// settleLoop acknowledges or requeues work-queue messages on the channel
+// that took them.
+func (b *Bridge) settleLoop(ctx context.Context, gen uint64) error {
+	sweep := time.NewTicker(time.Second)
+	defer sweep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sweep.C:
+			b.sweepStuck(gen)
+		case s := <-b.settles:
+			if s.p.gen != gen {
+				continue // its channel is gone: RabbitMQ requeued it
+			}
+			var err error
+			if s.ack {
+				err = s.p.d.Ack(false)
+				b.wqDone.seen(s.p.id)
+			} else {
+				err = s.p.d.Nack(false, true)
+			}
+			b.stats.wqSettled(s.p.g.name, s.why)
+			if err != nil {
+				return fmt.Errorf("settling work-queue message: %w", err)
+			}
+		}
+	}
+}
+
+// retuneLoop applies eq. 2.12–2.14 to every exported group.
+func (b *Bridge) retuneLoop(ctx context.Context, ch *amqp.Channel) error {
+	for {
+		for _, g := range b.groups {
+			if err := b.retune(ch, g); err != nil {
+				if errors.As(err, new(*amqp.Error)) {
+					return err
+				}
+				b.log.Warn("bridge: retuning work queue failed", "queue", g.queue(), "error", err)
+			}
+		}
+		t := time.NewTimer(b.cfg.WorkQueue.RetuneInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (b *Bridge) retune(ch *amqp.Channel, g *workGroup) error {
+	c := b.cfg.WorkQueue.capacity(b.membersOf(g))
+	inQueue := b.wqTrack.count(g.name)
+	for _, q := range []string{g.queue(), IntakeQueueName(g.name)} {
+		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("reading depth of %s: %w", q, err)
+		}
+		inQueue += info.Messages
+	}
+	w := weight(c.MaxLength, inQueue)
+	inW := w
+	if c.Online == 0 {
+		inW = 0 // nobody here to work on other sites' overflow
+	}
+	b.wqMu.Lock()
+	st := b.wqStates[g.name]
+	b.wqMu.Unlock()
+	if st.maxLength != c.MaxLength || st.ttl != c.TTL {
+		if err := b.putWorkPolicy(g.name, c.MaxLength, c.TTL); err != nil {
+			return err
+		}
+		st.maxLength, st.ttl = c.MaxLength, c.TTL
+	}
+	if st.weight != w {
+		// New weight on the other ring exchange first, then the old one
+		// away: the local intake stays in the hash ring throughout.
+		next := 1 - st.ring
+		if err := ch.ExchangeBind(ringExchange(g.name, next), strconv.Itoa(w), DeadLetterExchangeName(g.name), false, nil); err != nil {
+			return fmt.Errorf("binding %s to %s: %w", ringExchange(g.name, next), DeadLetterExchangeName(g.name), err)
+		}
+		if err := ch.ExchangeUnbind(ringExchange(g.name, st.ring), strconv.Itoa(st.weight), DeadLetterExchangeName(g.name), false, nil); err != nil {
+			return fmt.Errorf("unbinding %s from %s: %w", ringExchange(g.name, st.ring), DeadLetterExchangeName(g.name), err)
+		}
+		st.ring, st.weight = next, w
+	}
+	if st.inWeight != inW {
+		// Federation mirrors these bindings on the other sites'
+		// dead-letter exchanges, all to one link exchange there: remove the
+		// old weight before adding the new one, or the removal would take
+		// the new buckets too. Meanwhile those sites route to other
+		// destinations, their own intake always among them.
+		x := IntakeExchangeName(g.name)
+		if st.inWeight > 0 {
+			if err := ch.QueueUnbind(IntakeQueueName(g.name), strconv.Itoa(st.inWeight), x, nil); err != nil {
+				return fmt.Errorf("unbinding %s from %s: %w", IntakeQueueName(g.name), x, err)
+			}
+		}
+		if inW > 0 {
+			if err := ch.QueueBind(IntakeQueueName(g.name), strconv.Itoa(inW), x, false, nil); err != nil {
+				return fmt.Errorf("binding %s to %s: %w", IntakeQueueName(g.name), x, err)
+			}
+		}
+	}
+	st.inWeight, st.inQueue, st.online = inW, inQueue, c.Online
+	b.wqMu.Lock()
+	b.wqStates[g.name] = st
+	b.wqMu.Unlock()
+	return nil
+}
+
+// configMessage is algorithms.md §2.6's configuration message: global
+// entity -> upstreams of this site for it.
+type configMessage map[string][]struct {
+	URI string `json:"uri"`
+}
+
+// federationFor turns a configuration message into per-exchange
+// federations: a "pubsub*" exchange is federated as itself; "wq.<g>"
+// federates wq.<g>.in from the upstreams' wq.<g>.dlx.
+func federationFor(m configMessage) ([]ExchangeFederation, error) {
+	out := []ExchangeFederation{}
+	for name, ups := range m {
+		x := ExchangeFederation{Exchange: name}
+		if g, ok := strings.CutPrefix(name, WorkQueuePrefix); ok {
+			if !validName(g) {
+				return nil, fmt.Errorf("%w: configuration entry %q: work queue group %q: use letters, digits, '-' or '_'", ErrInvalidConfig, name, g)
+			}
+			x = ExchangeFederation{Exchange: IntakeExchangeName(g), UpstreamExchange: DeadLetterExchangeName(g)}
+		} else if !strings.HasPrefix(name, "pubsub") {
+			return nil, fmt.Errorf("%w: configuration entry %q: only pubsub* exchanges and wq.* queues are global", ErrInvalidConfig, name)
+		}
+		for i, u := range ups {
+			if !strings.HasPrefix(u.URI, "amqp://") && !strings.HasPrefix(u.URI, "amqps://") {
+				return nil, fmt.Errorf("%w: configuration entry %q: uri %q is not amqp:// or amqps://", ErrInvalidConfig, name, redact(u.URI))
+			}
+			x.Upstreams = append(x.Upstreams, Upstream{Site: strconv.Itoa(i), URI: u.URI})
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// configLoop is the configuration agent: it applies every message of the
+// site's configuration queue as federation upstreams and policies.
+func (b *Bridge) configLoop(ctx context.Context, ch *amqp.Channel) error {
+	q := ConfigQueueName(b.cfg.Site)
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declaring configuration queue %s: %w", q, err)
+	}
+	msgs, err := ch.Consume(q, "luffymq-config-"+b.cfg.Site, false, true, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consuming configuration queue %s: %w", q, err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-msgs:
+			if !ok {
+				return errors.New("configuration consumer cancelled")
+			}
+			var m configMessage
+			xs, err := []ExchangeFederation(nil), json.Unmarshal(d.Body, &m)
+			if err == nil {
+				xs, err = federationFor(m)
+			}
+			if err != nil {
+				b.log.Error("bridge: dropping invalid configuration message", "queue", q, "error", err)
+				_ = d.Ack(false)
+				continue
+			}
+			fc := b.cfg.WorkQueue.Federation
+			fc.ManagementURL, fc.Username, fc.Password = b.cfg.WorkQueue.ManagementURL, b.cfg.WorkQueue.Username, b.cfg.WorkQueue.Password
+			fc.Upstreams, fc.Exchanges = nil, xs
+			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err = ApplyFederation(actx, fc)
+			cancel()
+			if err != nil {
+				b.log.Error("bridge: applying configuration failed; will retry", "error", err)
+				_ = d.Nack(false, true)
+				t := time.NewTimer(time.Second)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return nil
+				case <-t.C:
+				}
+				continue
+			}
+			b.stats.configsApplied.Add(1)
+			b.log.Info("bridge: configuration applied", "exchanges", len(xs))
+			_ = d.Ack(false)
+		}
+	}
+}
+
+// eventLoop is the event agent: it gives every wq.<g> queue that appears
+// on the node its dead-letter and intake exchanges, intake queue and
+// policy, and removes them when the queue goes. Groups this site exports
+// are retuned by retuneLoop; others keep the initial policy (eq. 2.12 with
+// one available member).
+func (b *Bridge) eventLoop(ctx context.Context, ch *amqp.Channel) error {
+	topo := ch
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		return fmt.Errorf("declaring event queue: %w", err)
+	}
+	for _, key := range []string{"queue.created", "queue.deleted"} {
+		if err := ch.QueueBind(q.Name, key, "amq.rabbitmq.event", false, nil); err != nil {
+			return fmt.Errorf("binding to amq.rabbitmq.event (is rabbitmq_event_exchange enabled?): %w", err)
+		}
+	}
+	msgs, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consuming queue events: %w", err)
+	}
+	own := map[string]bool{}
+	for _, g := range b.groups {
+		own[g.name] = true
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-msgs:
+			if !ok {
+				return errors.New("event consumer cancelled")
+			}
+			name, _ := d.Headers["name"].(string)
+			vhost, _ := d.Headers["vhost"].(string)
+			g, ok := strings.CutPrefix(name, WorkQueuePrefix)
+			if !ok || !validName(g) || (vhost != "" && vhost != b.vhost()) {
+				continue
+			}
+			if own[g] {
+				continue // declared and retuned by this bridge's session
+			}
+			switch d.RoutingKey {
+			case "queue.created":
+				if err := declareOverflowTopology(topo, g, 1); err != nil {
+					return err
+				}
+				if err := b.putWorkPolicy(g, b.cfg.WorkQueue.MaxLengthPerMember, b.cfg.WorkQueue.TTLPerMember); err != nil {
+					b.log.Warn("bridge: event agent could not set policy", "queue", name, "error", err)
+				}
+				b.stats.events.Add(1)
+				b.log.Debug("bridge: work queue appeared; overflow topology created", "queue", name)
+			case "queue.deleted":
+				res, err := b.rh.DeletePolicy(b.vhost(), WorkQueuePolicyPrefix+name)
+				if err != nil && (res == nil || res.StatusCode != http.StatusNotFound) {
+					b.log.Warn("bridge: event agent could not remove policy", "queue", name, "error", err)
+				}
+				for _, x := range []string{DeadLetterExchangeName(g), IntakeExchangeName(g), ringExchange(g, 0), ringExchange(g, 1)} {
+					if err := topo.ExchangeDelete(x, false, false); err != nil {
+						return fmt.Errorf("deleting exchange %s: %w", x, err)
+					}
+				}
+				if info, err := topo.QueueDeclarePassive(IntakeQueueName(g), true, false, false, false, nil); err == nil && info.Messages == 0 {
+					if _, err := topo.QueueDelete(IntakeQueueName(g), false, false, false); err != nil {
+						return fmt.Errorf("deleting queue %s: %w", IntakeQueueName(g), err)
+					}
+				} else if err != nil {
+					return fmt.Errorf("reading queue %s: %w", IntakeQueueName(g), err)
+				}
+				b.stats.events.Add(1)
+				b.log.Debug("bridge: work queue removed; overflow topology removed", "queue", name)
+			}
+		}
+	}
+}
