@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"github.com/luffymq/luffymq/internal/timeutil"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -341,7 +342,7 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 			events.Add(1)
 			go func() {
 				defer events.Done()
-				if sleepUntilCtx(eventCtx, t0.Add(m.JoinAt)) != nil {
+				if timeutil.SleepUntil(eventCtx, t0.Add(m.JoinAt)) != nil {
 					return
 				}
 				if err := startSub(i); err != nil {
@@ -352,7 +353,7 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 			events.Add(1)
 			go func() {
 				defer events.Done()
-				if sleepUntilCtx(eventCtx, t0.Add(m.CrashAt)) != nil {
+				if timeutil.SleepUntil(eventCtx, t0.Add(m.CrashAt)) != nil {
 					return
 				}
 				mu.Lock()
@@ -372,7 +373,7 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 	pubErrs := 0
 	var maxLag time.Duration
 	for seq, off := range trace {
-		if err := sleepUntilCtx(ctx, t0.Add(off)); err != nil {
+		if err := timeutil.SleepUntil(ctx, t0.Add(off)); err != nil {
 			return RunResult{}, err
 		}
 		now := time.Now()
@@ -481,20 +482,4 @@ func countDistinct(ds []Delivery) int {
 		seen[d.Seq] = struct{}{}
 	}
 	return len(seen)
-}
-
-// sleepUntilCtx sleeps until t or until ctx ends.
-func sleepUntilCtx(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

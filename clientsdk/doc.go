@@ -18,7 +18,8 @@
 // (at most every 100 ms), and otherwise every report interval, which it
 // takes from the broker's CONNACK unless configured.
 //
-// Against a broker that closes the connection on an extended PINGREQ
-// (Mosquitto does) the Subscriber switches to PUBLISH reports for the rest
-// of its life and logs it once.
+// Against a broker that closes the connection on an extended PINGREQ, or
+// leaves it unanswered, the Subscriber switches to PUBLISH reports for the
+// rest of its life and logs it once. (Mosquitto 2.0.11 and vanilla Mochi
+// answer extended PINGREQs and ignore the payload.)
 package clientsdk

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/luffymq/luffymq/internal/timeutil"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -158,7 +159,7 @@ func (e *ServiceEmulator) init() {
 			e.now = time.Now
 		}
 		if e.sleepTo == nil {
-			e.sleepTo = sleepUntil
+			e.sleepTo = timeutil.SleepUntil
 		}
 	})
 }
@@ -207,20 +208,4 @@ func (e *ServiceEmulator) reserve(ready time.Time, d time.Duration) (start, end 
 	end = start.Add(d)
 	e.busy[lane] = end
 	return start, end
-}
-
-// sleepUntil blocks until t or until ctx ends.
-func sleepUntil(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
