@@ -194,11 +194,14 @@ func TestAdaptiveQoSInFlight(t *testing.T) {
 	require.Equal(t, "b", f.sel())
 
 	// Acknowledgement after processing: the next one starts now, the
-	// prediction re-anchors to the three left.
-	f.advance(ms(5))
+	// prediction re-anchors to the three left. The completion also
+	// teaches the service time: 12 ms since it was sent.
+	f.advance(ms(12))
 	f.e.InFlightAcknowledged("a")
 	require.Equal(t, 3, f.member("a").InFlight)
-	require.Equal(t, ms(30), f.wait("a"))
+	require.Equal(t, ms(12), f.member("a").ServiceEstimate)
+	require.Equal(t, uint64(1), f.member("a").Completions)
+	require.Equal(t, ms(36), f.wait("a"))
 	for i := 0; i < 3; i++ {
 		f.e.InFlightAcknowledged("a")
 	}
@@ -213,8 +216,8 @@ func TestAdaptiveQoSInFlight(t *testing.T) {
 	require.Equal(t, 1, f.member("a").InFlight)
 	f.e.SetInFlight("a", 7)
 	require.Equal(t, 7, f.member("a").InFlight)
-	require.Equal(t, ms(60), f.wait("a"))
-	f.e.SetInFlight("a", -1) // ignored
+	require.Equal(t, ms(72), f.wait("a")) // six queued at 12 ms
+	f.e.SetInFlight("a", -1)              // ignored
 	require.Equal(t, 7, f.member("a").InFlight)
 }
 
@@ -250,7 +253,10 @@ func TestAdaptiveReportBacklog(t *testing.T) {
 		{"received: two on the wire", scoring.Load{Received: 1, HasReceived: true}, 3, ms(20)},
 		{"received: all on the wire", scoring.Load{Received: 0, HasReceived: true}, 3, ms(30)},
 		{"received: more than sent", scoring.Load{Received: 5, HasReceived: true}, 3, 0},
-		{"received absent", scoring.Load{Received: 0}, 3, 0},
+		// Only the thesis's keys: the broker's own model says a message
+		// is still running (all three were sent at once); at most one
+		// service time of it is counted.
+		{"received absent", scoring.Load{Received: 0}, 3, ms(10)},
 		{"received with backlogMs", scoring.Load{Received: 2, HasReceived: true, Backlog: ms(7), HasBacklog: true}, 3, ms(17)},
 	}
 	for _, tt := range tests {
@@ -527,4 +533,176 @@ func TestMemberAtReceiveMaximumIsSkipped(t *testing.T) {
 			require.True(t, ok, "with every member at its limit one is still chosen")
 		})
 	}
+}
+
+// qos1Send selects a member and starts its QoS 1 delivery, as the broker
+// does for a subscriber at QoS 1.
+func (f *fixture) qos1Send() string {
+	f.t.Helper()
+	id := f.sel()
+	f.e.InFlightStarted(id)
+	return id
+}
+
+// TestAdaptiveLearnsServiceFromAcks: a client that acknowledges after
+// processing and never reports still teaches the engine its service time,
+// from the ack of a message sent to it while idle (ack − send) and from
+// the spacing of acks while it had work queued.
+func TestAdaptiveLearnsServiceFromAcks(t *testing.T) {
+	f := newFixture(t, adaptive, "a")
+	require.Equal(t, "a", f.qos1Send())
+	f.advance(ms(30))
+	f.e.InFlightAcknowledged("a")
+	require.Equal(t, ms(30), f.member("a").ServiceEstimate, "idle: ack − send")
+
+	// Three at once: they run back to back, each ack 20 ms after the last.
+	f.qos1Send()
+	f.qos1Send()
+	f.qos1Send()
+	for i := 0; i < 3; i++ {
+		f.advance(ms(20))
+		f.e.InFlightAcknowledged("a")
+	}
+	// The window holds 30, 20, 20, 20.
+	require.Equal(t, ms(22.5), f.member("a").ServiceEstimate)
+	require.Equal(t, uint64(4), f.member("a").Completions)
+	require.Zero(t, f.member("a").Reports)
+}
+
+// TestAdaptiveColdStartSpreadsByInFlight: before anything is known about
+// anyone, messages go to the member holding the fewest, and a member that
+// has never finished anything holds at most NewcomerCap while others are
+// free.
+func TestAdaptiveColdStartSpreadsByInFlight(t *testing.T) {
+	f := newFixture(t, adaptive, "a", "b", "c")
+	got := []string{f.qos1Send(), f.qos1Send(), f.qos1Send()}
+	require.ElementsMatch(t, []string{"a", "b", "c"}, got)
+	// Each holds one; a finishes first and is the only one known.
+	f.advance(ms(25))
+	f.e.InFlightAcknowledged("a")
+	require.Equal(t, ms(25), f.member("a").ServiceEstimate)
+	require.Equal(t, "a", f.qos1Send())
+	// b and c are assumed to need the median (25 ms) and to hold one
+	// each: a, free again at 50, competes with them at 25+25 = 50.
+	for i := 0; i < 6; i++ {
+		f.qos1Send()
+	}
+	for _, id := range []string{"b", "c"} {
+		require.LessOrEqual(t, f.member(id).InFlight, scoring.DefaultNewcomerCap, id)
+	}
+}
+
+// TestAdaptiveReportCannotBuyWork: whatever a QoS 1 member reports, it
+// gets no more work than its acknowledgements justify: one that never
+// acknowledges but reports near-zero processing time, or a billion
+// workers, holds at most NewcomerCap messages while others are available.
+func TestAdaptiveReportCannotBuyWork(t *testing.T) {
+	for _, lie := range []scoring.Load{
+		{ProcessingTime: time.Microsecond},
+		{ProcessingTime: ms(1), Workers: 1_000_000_000},
+	} {
+		t.Run(fmt.Sprintf("%+v", lie), func(t *testing.T) {
+			f := newFixture(t, adaptive, "honest", "liar")
+			f.e.InFlightStarted("honest") // one finished message: proven
+			f.advance(ms(10))
+			f.e.InFlightAcknowledged("honest")
+			f.report("liar", lie)
+			got := map[string]int{}
+			for i := 0; i < 200; i++ { // overload: 1 ms apart
+				f.advance(ms(1))
+				got[f.qos1Send()]++
+				if i%10 == 9 {
+					f.e.InFlightAcknowledged("honest")
+				}
+				f.report("liar", lie)
+			}
+			require.LessOrEqual(t, got["liar"], scoring.DefaultNewcomerCap, "%v", got)
+			require.LessOrEqual(t, f.member("liar").Workers, scoring.MaxWorkers)
+		})
+	}
+}
+
+// TestAdaptiveStalledMemberIsThrottled: a member whose acknowledgements
+// stop is predicted ever later, whatever it reports, so the others take
+// the traffic.
+func TestAdaptiveStalledMemberIsThrottled(t *testing.T) {
+	f := newFixture(t, adaptive, "a", "b")
+	for i := 0; i < 4; i++ { // both learn 10 ms from acks
+		for _, id := range []string{"a", "b"} {
+			f.e.InFlightStarted(id)
+		}
+		f.advance(ms(10))
+		f.e.InFlightAcknowledged("a")
+		f.e.InFlightAcknowledged("b")
+	}
+	f.e.InFlightStarted("a")
+	f.e.InFlightStarted("a")
+	f.advance(ms(100)) // a stalls with two unacknowledged
+	f.report("a", scoring.Load{ProcessingTime: ms(10)})
+	require.Greater(t, f.wait("a"), ms(100))
+	for i := 0; i < 5; i++ {
+		require.Equal(t, "b", f.sel())
+		f.advance(ms(10))
+		f.e.InFlightAcknowledged("b")
+	}
+}
+
+// TestAdaptiveReceiptAcksDetectedBySpeed: acks far faster than the
+// reported processing time are receipts, not completions.
+func TestAdaptiveReceiptAcksDetectedBySpeed(t *testing.T) {
+	f := newFixture(t, adaptive, "a")
+	for i := 0; i < 3; i++ {
+		f.e.InFlightStarted("a")
+		f.advance(ms(0.1))
+		f.e.InFlightAcknowledged("a")
+	}
+	require.Equal(t, ms(0.1), f.member("a").ServiceEstimate)
+	f.report("a", scoring.Load{ProcessingTime: ms(20)})
+	require.False(t, f.member("a").AcksAreFinishes)
+	require.Equal(t, ms(20), f.member("a").ServiceEstimate)
+}
+
+// TestAdaptiveThesisKeysOnly: a report with only the thesis's two keys
+// is used with the broker's own send log: what was sent after it was
+// written counts as on the wire, and a running message counts for what the
+// model says is left of it.
+func TestAdaptiveThesisKeysOnly(t *testing.T) {
+	f := newFixture(t, adaptive, "a", "b")
+	f.report("a", scoring.Load{ProcessingTime: ms(10)})
+	f.report("b", busy(ms(10), time.Hour))
+	require.Equal(t, "a", f.sel()) // at 0: runs until 10
+	f.advance(ms(4))
+	require.Equal(t, "a", f.sel()) // at 4: queued, 10..20
+	f.advance(ms(1))
+	// Written 2 ms ago (before the second send): pending 0, the first
+	// message running; the second is on the wire.
+	f.report("a", scoring.Load{ProcessingTime: ms(10), WrittenAgo: ms(2)})
+	require.Equal(t, ms(15), f.wait("a")) // 5 left of the first + 10
+}
+
+// TestEngineKeepsNothingForOtherClients: clients in no shared group cost
+// no engine state, whatever they do, and a member that left every group
+// is forgotten when it disconnects.
+func TestEngineKeepsNothingForOtherClients(t *testing.T) {
+	f := newFixture(t, adaptive)
+	for i := 0; i < 100; i++ {
+		id := fmt.Sprintf("device-%d", i)
+		f.e.Connect(id)
+		f.e.InFlightStarted(id)
+		f.e.InFlightAcknowledged(id)
+		require.False(t, f.e.Report(id, scoring.Load{Pending: 1}))
+		f.e.Disconnect(id, false)
+	}
+	members, groups := f.e.Counts()
+	require.Zero(t, members)
+	require.Zero(t, groups)
+
+	f.add("w")
+	require.True(t, f.e.IsMember("w"))
+	f.e.Leave(testGroup, "w")
+	require.False(t, f.e.IsMember("w"))
+	f.e.Disconnect("w", false)
+	members, groups = f.e.Counts()
+	require.Zero(t, members)
+	require.Zero(t, groups)
 }

@@ -51,15 +51,24 @@ type Config struct {
 // ErrUnknownStrategy is returned for a strategy name that does not exist.
 var ErrUnknownStrategy = errors.New("unknown strategy")
 
-// Engine holds the load state of every client and the shared groups they are
-// members of, and selects a member for each message.
+// Engine holds the load state of every client that is in a shared group
+// (or has reported its load) and the groups themselves, and selects a
+// member for each message.
+//
+// Locking: mu guards the maps and every membership list (a group's
+// members, a member's groups); it is held for reading on every message and
+// for writing only when membership changes. Each group has a lock for its
+// selection state and each member one for its load state, so selections in
+// different groups, and reports from different members, do not contend.
+// Order: mu, then a group's lock, then a member's lock.
 type Engine struct {
-	mu       sync.Mutex
+	mu       sync.RWMutex
 	cfg      Config
 	strategy Strategy
 	epoch    time.Time
 	members  map[string]*member
 	groups   map[string]*group
+	rngMu    sync.Mutex
 	rng      uint64
 }
 
@@ -111,27 +120,44 @@ func (e *Engine) Config() Config { return e.cfg }
 
 func (e *Engine) now() time.Duration { return e.cfg.Clock.Now().Sub(e.epoch) }
 
-// Connect starts a session for clientID: its load state starts afresh, and
-// the groups it is still a member of (a resumed session) see it online.
+// Counts returns how many clients and shared groups the engine holds state
+// for. A client that is in no shared group holds none.
+func (e *Engine) Counts() (members, groups int) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return len(e.members), len(e.groups)
+}
+
+// IsMember reports whether clientID is a member of at least one shared
+// group (online or not).
+func (e *Engine) IsMember(clientID string) bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	m, ok := e.members[clientID]
+	return ok && len(m.groups) > 0
+}
+
+// Connect starts a session for clientID. A client the engine holds state
+// for (a resumed session with shared subscriptions) starts its load state
+// afresh and its groups see it online; any other client costs nothing.
 func (e *Engine) Connect(clientID string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
 	m, ok := e.members[clientID]
 	if !ok {
-		e.members[clientID] = newMember(clientID, now)
 		return
 	}
-	m.reset(now)
+	m.reset(e.now())
 	for _, g := range m.groups {
 		g.setOnline(m, true) // also drops the group's prior: m's estimate is gone
 	}
 }
 
-// Disconnect ends clientID's session. With expired, the session is gone:
-// the client leaves every group and its state is removed (the thesis's
-// rule). Otherwise its subscriptions survive and it is kept as an offline
-// member, chosen only when no member of a group is online.
+// Disconnect ends clientID's connection. With expired, the session is
+// gone: the client leaves every group and its state is removed (the
+// thesis's rule). Otherwise its subscriptions survive and it is kept as an
+// offline member, chosen only when no member of a group is online. A client
+// that left every group is forgotten either way.
 func (e *Engine) Disconnect(clientID string, expired bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -150,25 +176,35 @@ func (e *Engine) Disconnect(clientID string, expired bool) {
 			g.setOnline(m, false)
 		}
 	}
-	if expired {
+	if expired || len(m.groups) == 0 {
 		m.groups = nil
 		delete(e.members, clientID)
 	}
 }
 
-// Join makes clientID a member of the shared group keyed by groupKey (the
-// full `$share/<group>/<filter>` filter). Joining twice is harmless.
-func (e *Engine) Join(groupKey, clientID string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+// memberLocked returns clientID's member, creating it online; e.mu must be
+// held for writing.
+func (e *Engine) memberLocked(clientID string) *member {
 	m, ok := e.members[clientID]
 	if !ok {
 		m = newMember(clientID, e.now())
 		e.members[clientID] = m
 	}
+	return m
+}
+
+// Join makes clientID a member of the shared group keyed by groupKey (the
+// full `$share/<group>/<filter>` filter). Joining twice is harmless. A
+// client the engine did not know starts online (it is subscribing).
+func (e *Engine) Join(groupKey, clientID string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := e.memberLocked(clientID)
 	g, ok := e.groups[groupKey]
 	if !ok {
-		g = newGroup(groupKey, e.nextRandom())
+		e.rngMu.Lock()
+		g = newGroup(groupKey, splitmix(&e.rng))
+		e.rngMu.Unlock()
 		e.groups[groupKey] = g
 	}
 	if g.add(m) {
@@ -197,87 +233,98 @@ func (e *Engine) Leave(groupKey, clientID string) {
 	}
 }
 
-// Report applies a load report from clientID. It returns false if the
-// client has no session.
+// Report applies a load report from clientID. It returns false, and keeps
+// nothing, if the client is in no shared group: load reports only matter
+// for selection. Reported values are bounded (see Load); a report only ever
+// changes clientID's own state.
 func (e *Engine) Report(clientID string, l Load) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.mu.RLock()
+	defer e.mu.RUnlock()
 	m, ok := e.members[clientID]
 	if !ok {
 		return false
 	}
-	m.applyReport(e.now(), l, e.priorFor(m))
+	now := e.now()
+	prior := e.priorFor(m, now)
+	m.mu.Lock()
+	m.applyReport(now, l.bounded(), prior)
+	m.mu.Unlock()
 	for _, g := range m.groups {
-		g.priorValid = false // its estimate or freshness may have changed
+		g.invalidatePrior() // its estimate or freshness may have changed
 	}
 	return true
+}
+
+// withMember runs fn on clientID's state with its lock held, if the engine
+// has any; e.mu is held for reading.
+func (e *Engine) withMember(clientID string, fn func(m *member, now time.Duration)) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	m, ok := e.members[clientID]
+	if !ok {
+		return
+	}
+	now := e.now()
+	m.mu.Lock()
+	fn(m, now)
+	m.mu.Unlock()
 }
 
 // InFlightStarted records a QoS≥1 delivery to clientID awaiting its
 // acknowledgement.
 func (e *Engine) InFlightStarted(clientID string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if m, ok := e.members[clientID]; ok {
-		m.inflight++
-		m.qosDeliveries++
-	}
+	e.withMember(clientID, func(m *member, now time.Duration) { m.deliveryStarted(now) })
 }
 
 // InFlightAcknowledged records that clientID acknowledged a QoS≥1
-// delivery. A client that acknowledges after processing (as LuffyMQ's SDK
-// does) has just finished a message, so its predicted backlog is re-anchored
-// to the deliveries still unacknowledged.
+// delivery. A client whose acknowledgements mark finished work (it
+// acknowledges after processing, as LuffyMQ's SDK and most work-queue
+// consumers do) has just completed a message: the engine learns its
+// service time from the spacing of these completions, with no report
+// needed, and re-anchors its predicted backlog to what is still
+// unacknowledged.
 func (e *Engine) InFlightAcknowledged(clientID string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.mu.RLock()
+	defer e.mu.RUnlock()
 	m, ok := e.members[clientID]
-	if !ok || m.inflight == 0 {
-		return
-	}
-	m.inflight--
-	if !m.acksAreFinishes {
+	if !ok {
 		return
 	}
 	now := e.now()
-	m.acknowledged(now)
-	svc := m.serviceOr(e.priorFor(m))
-	queued := m.inflight - (m.workers - 1) // the others may run in parallel
-	if queued < 0 {
-		queued = 0
+	prior := e.priorFor(m, now)
+	m.mu.Lock()
+	learnt := m.deliveryAcknowledged(now, prior)
+	m.mu.Unlock()
+	if learnt {
+		for _, g := range m.groups {
+			g.invalidatePrior()
+		}
 	}
-	m.freeAt = now + time.Duration(queued)*svc
 }
 
 // InFlightDropped records that a QoS≥1 delivery to clientID was abandoned
 // without acknowledgement (expired or failed).
 func (e *Engine) InFlightDropped(clientID string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if m, ok := e.members[clientID]; ok && m.inflight > 0 {
-		m.inflight--
-	}
+	e.withMember(clientID, func(m *member, _ time.Duration) { m.deliveryDropped() })
 }
 
 // SetInFlight sets clientID's count of unacknowledged QoS≥1 deliveries,
 // for example after a resumed session or a broker-side rollback.
 func (e *Engine) SetInFlight(clientID string, n int) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if m, ok := e.members[clientID]; ok && n >= 0 {
-		m.inflight = n
+	if n < 0 {
+		return
 	}
+	e.withMember(clientID, func(m *member, now time.Duration) { m.resetDeliveries(now, n) })
 }
 
 // SetReceiveMaximum records how many unacknowledged QoS≥1 deliveries
 // clientID accepts at once (its MQTT v5 Receive Maximum; 0 means no
 // limit). A member at its limit is chosen only when every member is.
 func (e *Engine) SetReceiveMaximum(clientID string, n int) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if m, ok := e.members[clientID]; ok && n >= 0 {
-		m.receiveMax = n
+	if n < 0 {
+		return
 	}
+	e.withMember(clientID, func(m *member, _ time.Duration) { m.receiveMax = n })
 }
 
 // Message describes the message a member is selected for.
@@ -290,12 +337,14 @@ type Message struct {
 // receives msg, and books the delivery. It returns false if the engine
 // knows no member of that group. It does not allocate.
 func (e *Engine) SelectMember(groupKey string, msg Message) (clientID string, ok bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.mu.RLock()
+	defer e.mu.RUnlock()
 	g, ok := e.groups[groupKey]
 	if !ok || g.empty() {
 		return "", false
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	now := e.now()
 	var m *member
 	if len(g.members) == 0 {
@@ -305,51 +354,66 @@ func (e *Engine) SelectMember(groupKey string, msg Message) (clientID string, ok
 		g.totals[m.id]++
 	} else {
 		idx := e.strategy.selectIndex(e, g, msg, now)
-		if g.members[idx].atReceiveMaximum() {
+		if g.members[idx].lockedAtReceiveMaximum() {
 			idx = g.nextUnderReceiveMaximum(idx)
 		}
 		m = g.members[idx]
 		g.selections[idx]++
 	}
-	svc := m.service()
-	if !m.hasService() {
-		svc = e.groupPrior(g, now)
-	}
+	prior := e.groupPrior(g, now) // cached: O(1) between changes
+	m.mu.Lock()
+	svc := m.serviceOr(prior)
 	m.recordSend(now, m.predictedStart(now, svc, e.cfg.StaleAfter), svc)
+	m.mu.Unlock()
 	return m.id, true
 }
 
-// priorFor is the service time assumed for a member that never reported
-// one: the median of the known estimates in its groups (0 if none).
-// Stale members do not count.
-func (e *Engine) priorFor(m *member) time.Duration {
-	if m.hasService() || len(m.groups) == 0 {
+// priorFor is the service time assumed for a member that has no estimate
+// of its own: the median of the known estimates in its groups (0 if none).
+// Stale members do not count. e.mu is held for reading; m's lock is not.
+func (e *Engine) priorFor(m *member, now time.Duration) time.Duration {
+	if len(m.groups) == 0 {
 		return 0
 	}
-	return e.groupPrior(m.groups[0], e.now())
+	m.mu.Lock()
+	known := m.hasService()
+	m.mu.Unlock()
+	if known {
+		return 0
+	}
+	g := m.groups[0]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return e.groupPrior(g, now)
 }
 
 // groupPrior returns the median service estimate of the group's fresh
 // members that have one (the first 64 of them), or 0. It does not allocate,
-// and it is cached in the group, so it costs O(1) between reports.
+// and it is cached in the group, so it costs O(1) between changes. g's lock
+// is held, no member's.
 func (e *Engine) groupPrior(g *group, now time.Duration) time.Duration {
-	if g.priorValid && now < g.priorUntil {
+	if g.priorValid.Load() && now < g.priorUntil {
 		return g.prior
 	}
+	g.priorValid.Store(true) // before reading: a change from now on clears it
 	var buf [64]time.Duration
 	known := buf[:0]
 	until := time.Duration(math.MaxInt64)
 	for _, m := range g.members {
+		if len(known) == cap(known) {
+			break
+		}
+		m.mu.Lock()
 		if m.hasService() && !e.isStale(m, now) {
-			if len(known) == cap(known) {
-				break
-			}
 			known = append(known, m.service())
 			// It turns stale, and leaves the median, just after this.
-			if stale := m.lastReport + e.cfg.StaleAfter + 1; stale < until {
-				until = stale
+			if m.reports > 0 {
+				if stale := m.lastReport + e.cfg.StaleAfter + 1; stale < until {
+					until = stale
+				}
 			}
 		}
+		m.mu.Unlock()
 	}
 	var prior time.Duration
 	if len(known) > 0 {
@@ -360,16 +424,12 @@ func (e *Engine) groupPrior(g *group, now time.Duration) time.Duration {
 		}
 		prior = known[len(known)/2]
 	}
-	g.prior, g.priorValid, g.priorUntil = prior, true, until
+	g.prior, g.priorUntil = prior, until
 	return prior
 }
 
 func (e *Engine) isStale(m *member, now time.Duration) bool {
 	return m.reports > 0 && now-m.lastReport > e.cfg.StaleAfter
-}
-
-func (e *Engine) nextRandom() uint64 {
-	return splitmix(&e.rng)
 }
 
 // splitmix64: a small, fast, allocation-free generator; quality is ample

@@ -1,11 +1,17 @@
 package scoring
 
-import "time"
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
 
 // group is one shared subscription (`$share/<group>/<filter>`): its online
 // members in join order, the offline ones whose sessions survive, and the
-// per-group state of the strategies.
+// per-group state of the strategies. The membership lists change only
+// under the engine's write lock; mu guards the selection state.
 type group struct {
+	mu         sync.Mutex
 	key        string
 	members    []*member // online members
 	selections []uint64  // messages selected per online member, same order
@@ -23,9 +29,12 @@ type group struct {
 	// a member's estimate changes, or until priorUntil, when a member it
 	// counts turns stale.
 	prior      time.Duration
-	priorValid bool
+	priorValid atomic.Bool // cleared without mu by reports and acks
 	priorUntil time.Duration
 }
+
+// invalidatePrior makes the next selection recompute the prior.
+func (g *group) invalidatePrior() { g.priorValid.Store(false) }
 
 func newGroup(key string, seed uint64) *group {
 	return &group{key: key, rng: seed | 1, totals: make(map[string]uint64)}
@@ -47,7 +56,7 @@ func (g *group) add(m *member) bool {
 	if g.indexOf(g.members, m) >= 0 || g.indexOf(g.offline, m) >= 0 {
 		return false
 	}
-	g.priorValid = false
+	g.invalidatePrior()
 	if m.online {
 		g.members = append(g.members, m)
 		g.selections = append(g.selections, 0)
@@ -58,7 +67,7 @@ func (g *group) add(m *member) bool {
 }
 
 func (g *group) remove(m *member) {
-	g.priorValid = false
+	g.invalidatePrior()
 	if i := g.indexOf(g.members, m); i >= 0 {
 		g.members = append(g.members[:i], g.members[i+1:]...)
 		g.selections = append(g.selections[:i], g.selections[i+1:]...)
@@ -73,7 +82,7 @@ func (g *group) remove(m *member) {
 }
 
 func (g *group) setOnline(m *member, online bool) {
-	g.priorValid = false
+	g.invalidatePrior()
 	if online {
 		if i := g.indexOf(g.offline, m); i >= 0 {
 			g.offline = append(g.offline[:i], g.offline[i+1:]...)
@@ -103,7 +112,7 @@ func (g *group) random(n int) int {
 func (g *group) nextUnderReceiveMaximum(idx int) int {
 	n := len(g.members)
 	for k := 1; k < n; k++ {
-		if i := (idx + k) % n; !g.members[i].atReceiveMaximum() {
+		if i := (idx + k) % n; !g.members[i].lockedAtReceiveMaximum() {
 			return i
 		}
 	}

@@ -227,9 +227,9 @@ func TestOfflineSelectionsAreCounted(t *testing.T) {
 
 func TestJoinWhileOffline(t *testing.T) {
 	f := newFixture(t, scoring.Config{Strategy: "round-robin"}, "a")
-	f.e.Connect("b")
+	f.e.Join("$share/other/t", "b")
 	f.e.Disconnect("b", false)
-	f.e.Join(testGroup, "b")
+	f.e.Join(testGroup, "b") // a persisted subscription restored while offline
 	require.False(t, f.member("b").Online)
 	require.Equal(t, []string{"a", "a"}, f.selN(2, ms(1)))
 	f.e.Connect("b")
@@ -260,14 +260,19 @@ func TestSnapshot(t *testing.T) {
 			ProcessingTime: ms(20), ServiceEstimate: ms(10), Workers: 2,
 			// Reported at 0: 4·10 + 10/2 = 45 ms of work, 40 ms ago.
 			PredictedWait: ms(5), Reports: 1, LastReportAge: ms(40),
+			AcksAreFinishes: true,
 		},
 		{
 			ClientID: "b", Online: true, ProcessingTime: ms(10), ServiceEstimate: ms(10),
-			Workers: 1, InFlight: 2, PredictedWait: ms(10), Reports: 1, LastReportAge: ms(40),
+			// Neither delivery acknowledged after 40 ms, four times its
+			// reported 10 ms: overdue, guessed halfway through a first
+			// message of 80 ms and a second as long: 3·40 ms.
+			Workers: 1, InFlight: 2, PredictedWait: ms(120), Reports: 1, LastReportAge: ms(40),
+			AcksAreFinishes: true,
 		},
 		{
 			ClientID: "c", Online: false, Selections: 1, Workers: 1,
-			PredictedWait: ms(10), LastReportAge: ms(40),
+			PredictedWait: ms(10), LastReportAge: ms(40), AcksAreFinishes: true,
 		},
 	}, g.Members)
 	require.Len(t, snaps[0].Members, 1)

@@ -1,6 +1,9 @@
 package scoring
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // reportWindow is how many reported processing times are averaged, as in
 // the thesis (table 3): it damps outliers.
@@ -30,6 +33,10 @@ type Load struct {
 	// on this connection, so messages still on the wire can be counted.
 	Received    uint64
 	HasReceived bool
+	// WrittenAgo is how long before its arrival the report was written, as
+	// far as the broker can tell (the connection's one-way delay); sends
+	// within that time are taken as not in a report without Received.
+	WrittenAgo time.Duration
 }
 
 // durationWindow keeps the last reportWindow values, each with a weight,
@@ -67,10 +74,109 @@ func (w *durationWindow) mean() time.Duration {
 	return time.Duration(sum / float64(total))
 }
 
+// Bounds on reported values: a report can describe a member, never buy it
+// unlimited work.
+const (
+	// MaxWorkers bounds a reported handler concurrency.
+	MaxWorkers = 256
+	// MinProcessingTime and MaxProcessingTime bound a reported non-zero
+	// processing time.
+	MinProcessingTime = time.Microsecond
+	MaxProcessingTime = time.Hour
+	// maxPending bounds a reported queue length.
+	maxPending = 1 << 20
+)
+
+// bounded returns l with every value clamped to what a member can credibly
+// report.
+func (l Load) bounded() Load {
+	l.Pending = min(max(l.Pending, 0), maxPending)
+	l.InProgress = min(max(l.InProgress, 0), MaxWorkers)
+	l.Workers = min(max(l.Workers, 0), MaxWorkers)
+	l.Processed = max(l.Processed, 0)
+	if l.ProcessingTime < 0 {
+		l.ProcessingTime = 0
+	}
+	if l.ProcessingTime > 0 {
+		l.ProcessingTime = min(max(l.ProcessingTime, MinProcessingTime), MaxProcessingTime)
+	}
+	l.Backlog = min(max(l.Backlog, 0), MaxProcessingTime)
+	l.WrittenAgo = min(max(l.WrittenAgo, 0), time.Minute)
+	return l
+}
+
+// sendLogSize is how many send times of unacknowledged QoS≥1 deliveries a
+// member keeps; older ones are known only to have been queued.
+const sendLogSize = 32
+
+// sendLog is a FIFO of the send times of a member's unacknowledged QoS≥1
+// deliveries, fixed in size: no allocation per message.
+type sendLog struct {
+	times  [sendLogSize]time.Duration
+	pushed uint64
+	popped uint64
+}
+
+func (l *sendLog) push(t time.Duration) {
+	l.times[l.pushed%sendLogSize] = t
+	l.pushed++
+}
+
+// pop removes the oldest entry; known is false when it was overwritten (or
+// the log is empty).
+func (l *sendLog) pop() (t time.Duration, known bool) {
+	if l.popped == l.pushed {
+		return 0, false
+	}
+	i := l.popped
+	l.popped++
+	if l.pushed-i > sendLogSize {
+		return 0, false
+	}
+	return l.times[i%sendLogSize], true
+}
+
+// oldest returns the oldest entry still held, if any.
+func (l *sendLog) oldest() (t time.Duration, known bool) {
+	if l.popped == l.pushed || l.pushed-l.popped > sendLogSize {
+		return 0, false
+	}
+	return l.times[l.popped%sendLogSize], true
+}
+
+func (l *sendLog) clear() { *l = sendLog{} }
+
+// recentSends keeps the times of the last few messages selected for a
+// member, QoS 0 included, to tell which were sent after a report was
+// written.
+type recentSends struct {
+	times [8]time.Duration
+	n     uint64
+}
+
+func (r *recentSends) push(t time.Duration) {
+	r.times[r.n%uint64(len(r.times))] = t
+	r.n++
+}
+
+// after counts the recorded sends later than t.
+func (r *recentSends) after(t time.Duration) int {
+	count := 0
+	for i := uint64(0); i < min(r.n, uint64(len(r.times))); i++ {
+		if r.times[(r.n-1-i)%uint64(len(r.times))] > t {
+			count++
+		} else {
+			break
+		}
+	}
+	return count
+}
+
 // member is the load state of one client, shared by every group it is in.
-// Times are durations since the engine's epoch. All fields are guarded by
-// the engine's lock.
+// Times are durations since the engine's epoch. online and groups change
+// only under the engine's write lock; everything else is guarded by mu.
 type member struct {
+	mu     sync.Mutex
 	id     string
 	online bool
 	groups []*group
@@ -84,14 +190,21 @@ type member struct {
 	reports         uint64
 
 	// Adaptive state.
-	serviceWindow   durationWindow // non-zero reported processing times
-	workers         int
-	freeAt          time.Duration // predicted time it can start a new message
-	inflight        int           // QoS≥1 deliveries not yet acknowledged
-	receiveMax      int           // its Receive Maximum; 0: no limit
-	qosDeliveries   uint64        // QoS≥1 deliveries ever started
-	sentTotal       uint64        // messages selected for it on this connection
-	acksAreFinishes bool          // its acknowledgements mark finished processing
+	serviceWindow durationWindow // non-zero reported processing times
+	workers       int
+	freeAt        time.Duration // predicted time it can start a new message
+	receiveMax    int           // its Receive Maximum; 0: no limit
+	sentTotal     uint64        // messages selected for it on this connection
+	recent        recentSends
+
+	// QoS≥1 deliveries and what their acknowledgements teach.
+	inflight        int    // deliveries not yet acknowledged
+	qosDeliveries   uint64 // deliveries ever started
+	sends           sendLog
+	acksAreFinishes bool           // its acknowledgements mark finished processing
+	completions     uint64         // acknowledgements taken as finished messages
+	lastCompletion  time.Duration  // when the last one came (or the session start)
+	ackWindow       durationWindow // service times learnt from completions
 
 	// Until its first measurement: the messages sent to it not known to be
 	// finished, and when the oldest of them started (as far as is known).
@@ -118,11 +231,16 @@ func (m *member) reset(now time.Duration) {
 	m.serviceWindow = durationWindow{}
 	m.workers = 1
 	m.freeAt = now
-	m.inflight = 0
 	m.receiveMax = 0
-	m.qosDeliveries = 0
 	m.sentTotal = 0
+	m.recent = recentSends{}
+	m.inflight = 0
+	m.qosDeliveries = 0
+	m.sends.clear()
 	m.acksAreFinishes = true
+	m.completions = 0
+	m.lastCompletion = now
+	m.ackWindow = durationWindow{}
 	m.unconfirmed = 0
 	m.unconfirmedSince = now
 }
@@ -131,10 +249,17 @@ func (m *member) reset(now time.Duration) {
 // processing times, zeros included.
 func (m *member) thesisProcessingTime() time.Duration { return m.thesisWindow.mean() }
 
+// learnsFromAcks reports whether the member's acknowledgements have taught
+// the engine its service time.
+func (m *member) learnsFromAcks() bool { return m.acksAreFinishes && m.ackWindow.count > 0 }
+
 // service is the adaptive estimate of the time the member needs per message,
-// with its workers in parallel; 0 when it has never reported a processing
-// time.
+// with its workers in parallel; 0 while nothing is known. Completions seen
+// by the broker are evidence and win over what the member reports.
 func (m *member) service() time.Duration {
+	if m.learnsFromAcks() {
+		return m.ackWindow.mean()
+	}
 	s := m.serviceWindow.mean()
 	if m.workers > 1 {
 		s /= time.Duration(m.workers)
@@ -142,7 +267,7 @@ func (m *member) service() time.Duration {
 	return s
 }
 
-func (m *member) hasService() bool { return m.serviceWindow.count > 0 }
+func (m *member) hasService() bool { return m.serviceWindow.count > 0 || m.learnsFromAcks() }
 
 // serviceOr returns the member's service estimate, or prior if it has none.
 func (m *member) serviceOr(prior time.Duration) time.Duration {
@@ -152,8 +277,28 @@ func (m *member) serviceOr(prior time.Duration) time.Duration {
 	return prior
 }
 
-// maxOverdueGuess bounds the wait guessed for an overdue newcomer.
+// unproven reports whether the member must still show that it finishes
+// work: it receives QoS≥1 messages, its acknowledgements mark finished
+// work, and none has come yet. Whatever it reports, it holds at most
+// Config.NewcomerCap messages while other members are available.
+func (m *member) unproven() bool {
+	return m.qosDeliveries > 0 && m.acksAreFinishes && m.completions == 0
+}
+
+// maxOverdueGuess bounds the wait guessed for an overdue member.
 const maxOverdueGuess = 24 * time.Hour
+
+// overdueWait is the wait guessed for a member whose current message has
+// run for elapsed, longer than expected, with n messages held in all:
+// halfway through it, and each of the others taking as long again,
+// (2n − 1)·elapsed, bounded.
+func overdueWait(elapsed time.Duration, n int) time.Duration {
+	k := time.Duration(2*max(n, 1) - 1)
+	if elapsed >= maxOverdueGuess/k {
+		return maxOverdueGuess
+	}
+	return k * elapsed
+}
 
 // predictedStart is when the member could start a message handed to it now,
 // given the service time svc it is assumed to need per message; a member
@@ -170,26 +315,40 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 			start = floor
 		}
 	}
+	// Acknowledgements that mark finished work are evidence: the oldest
+	// unacknowledged message has run since the last completion (or since
+	// it was sent, if later). Running well past svc, the member is slower
+	// than thought, or stalled, whatever it reports.
+	if m.acksAreFinishes && m.inflight > 0 {
+		since := m.lastCompletion
+		if sent, ok := m.sends.oldest(); ok && sent > since {
+			since = sent
+		}
+		// A member with an estimate of its own is given slack for
+		// jitter; a newcomer's assumed svc is only the group's median.
+		limit := svc
+		if m.hasService() {
+			limit = 2*svc + time.Millisecond
+		}
+		if elapsed := now - since; elapsed > limit {
+			held := (m.inflight + m.workers - 1) / m.workers // per worker
+			if overdue := now + overdueWait(elapsed, held); overdue > start {
+				start = overdue
+			}
+		}
+	}
 	if !m.hasService() && m.unconfirmed > 0 {
 		// Without a measured service time the model under-counts what was
 		// sent before any prior existed: the last message sent is still
 		// running.
 		busy := m.lastSend + svc
 		// LuffyMQ's SDK reports as soon as it has finished its first
-		// message (QoS≥1 acknowledgements say so too). A reporting member
-		// still silent after its oldest unfinished message ran longer than
-		// the assumed svc is slower than that: guess it is halfway through
-		// that message, and that each of the others takes as long. One that
-		// does not report at all is left to the prior.
+		// message. A reporting member still silent after its oldest
+		// unfinished message ran longer than the assumed svc is slower
+		// than that. One that does not report at all is left to the prior.
 		elapsed := now - m.unconfirmedSince
 		if svc > 0 && elapsed > svc && now-m.lastReport <= silentAfter {
-			// Started at unconfirmedSince, n messages of 2·elapsed each:
-			// (2n − 1)·elapsed from now, bounded.
-			wait := maxOverdueGuess
-			if n := time.Duration(2*m.unconfirmed - 1); elapsed < maxOverdueGuess/n {
-				wait = n * elapsed
-			}
-			if overdue := now + wait; overdue > busy {
+			if overdue := now + overdueWait(elapsed, m.unconfirmed); overdue > busy {
 				busy = overdue
 			}
 		}
@@ -200,8 +359,8 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 	return start
 }
 
-// applyReport folds a load report into both the thesis and the adaptive
-// state.
+// applyReport folds a load report (already bounded) into both the thesis
+// and the adaptive state.
 func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 	// Thesis bookkeeping, exactly as §1.3.
 	m.thesisWindow.push(l.ProcessingTime)
@@ -220,31 +379,73 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 		// the first measurement alone is noisy, and between two reports
 		// the prediction runs on this estimate alone.
 		m.serviceWindow.pushWeighted(l.ProcessingTime, l.Processed)
+		m.unconfirmed = 0 // it has finished what it measured
+		m.unconfirmedSince = now
 	}
+	m.checkAcksAgainstReport(l)
 	svc := m.serviceOr(prior)
 
-	// Messages sent but not yet received when the report was written
-	// are not in it.
+	// Messages sent but not yet received when the report was written are
+	// not in it: counted exactly by the SDK's "received", otherwise from
+	// the broker's own send times and the report's age.
 	var onTheWire uint64
-	if l.HasReceived && m.sentTotal > l.Received {
-		onTheWire = m.sentTotal - l.Received
-	}
-	var backlog time.Duration
-	if l.HasBacklog {
-		backlog = l.Backlog
-	} else {
-		backlog = time.Duration(l.Pending) * svc
-		if l.Pending > 0 || l.InProgress > 0 {
-			backlog += svc / 2 // the running message, half done on average
+	if l.HasReceived {
+		if m.sentTotal > l.Received {
+			onTheWire = m.sentTotal - l.Received
 		}
+	} else if l.WrittenAgo > 0 {
+		onTheWire = uint64(m.recent.after(now - l.WrittenAgo))
+	}
+	// The broker's own model (fed by what it sent) holds the pending
+	// messages, those on the wire and what is left of the running one.
+	known := l.Pending + int(onTheWire)
+	var backlog time.Duration
+	switch {
+	case l.HasBacklog:
+		backlog = l.Backlog
+	case l.InProgress > 0 || l.Pending > 0:
+		// Busy: the running message is half done on average, unless the
+		// model says better.
+		backlog = time.Duration(l.Pending)*svc + m.runningRemaining(now, known, svc, svc/2)
+	case l.HasReceived:
+		// An SDK report says in progress explicitly: idle.
+	default:
+		// Only the thesis's two keys, nothing waiting: a message may still
+		// be running; the model tells how much of it is left.
+		backlog = m.runningRemaining(now, known, svc, 0)
 	}
 	m.freeAt = now + backlog + time.Duration(onTheWire)*svc
+}
 
-	// A client that acknowledges on receipt but queues internally reports
-	// more pending than it has unacknowledged: its acks say nothing about
-	// when it is free.
-	if m.qosDeliveries > 0 && l.Pending > m.inflight {
+// runningRemaining estimates what is left of the message the member is
+// running when it holds queued messages besides: what the broker's model
+// predicts beyond them, bounded by one service time, or fallback when the
+// model predicts no more than the queue.
+func (m *member) runningRemaining(now time.Duration, pending int, svc, fallback time.Duration) time.Duration {
+	beyond := m.freeAt - now - time.Duration(pending)*svc
+	if beyond <= 0 || svc <= 0 {
+		return fallback
+	}
+	return min(beyond, svc)
+}
+
+// checkAcksAgainstReport detects a client that acknowledges on receipt but
+// queues internally: it reports more pending than it has unacknowledged,
+// or its acknowledgements come far faster than the processing time it
+// reports. Its acks then say nothing about when it is free.
+func (m *member) checkAcksAgainstReport(l Load) {
+	if m.qosDeliveries == 0 || !m.acksAreFinishes {
+		return
+	}
+	if l.Pending > m.inflight {
 		m.acksAreFinishes = false
+		return
+	}
+	if m.ackWindow.count >= 3 && m.serviceWindow.count > 0 {
+		reported := m.serviceWindow.mean() / time.Duration(max(m.workers, 1))
+		if m.ackWindow.mean()*3 < reported {
+			m.acksAreFinishes = false
+		}
 	}
 }
 
@@ -259,32 +460,97 @@ func (m *member) recordSend(now, start, svc time.Duration) {
 	m.lastSend = now
 	m.sentSinceReport++
 	m.sentTotal++
+	m.recent.push(now)
 }
 
-// acknowledged books a QoS≥1 acknowledgement that marks a finished message
-// at now: the next unconfirmed message, if any, starts now.
-func (m *member) acknowledged(now time.Duration) {
+// deliveryStarted books a QoS≥1 delivery sent at now.
+func (m *member) deliveryStarted(now time.Duration) {
+	m.inflight++
+	m.qosDeliveries++
+	m.sends.push(now)
+}
+
+// deliveryAcknowledged books an acknowledgement at now and reports whether
+// it taught the engine a new service-time sample. When acknowledgements mark
+// finished work, the acknowledged message started at the previous
+// completion, or when it was sent if the member was idle then; the next
+// one starts now.
+func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
+	if m.inflight == 0 {
+		return false
+	}
+	m.inflight--
+	sent, known := m.sends.pop()
+	if !m.acksAreFinishes {
+		return false
+	}
+	start := m.lastCompletion
+	if known && sent > start {
+		start = sent
+	}
+	if sample := now - start; sample > 0 && (known || m.completions > 0) {
+		m.ackWindow.push(sample)
+		learnt = true
+	}
+	m.completions++
+	m.lastCompletion = now
 	if m.unconfirmed > 0 {
 		m.unconfirmed--
 	}
 	m.unconfirmedSince = now
+	svc := m.serviceOr(prior)
+	queued := m.inflight - (m.workers - 1) // the others may run in parallel
+	if queued < 0 {
+		queued = 0
+	}
+	m.freeAt = now + time.Duration(queued)*svc
+	return learnt
 }
 
-// assumedInFlight is how many messages the member is assumed to hold: its
-// unacknowledged deliveries when it receives QoS≥1, otherwise the messages
-// its predicted backlog (start − now) amounts to at svc each, rounded up.
-func (m *member) assumedInFlight(now, start, svc time.Duration) int {
+// deliveryDropped books a delivery abandoned without acknowledgement.
+func (m *member) deliveryDropped() {
+	if m.inflight > 0 {
+		m.inflight--
+		m.sends.pop()
+	}
+}
+
+// resetDeliveries sets the count of unacknowledged deliveries to n, whose
+// send times are unknown (a resumed session, a broker-side rollback).
+func (m *member) resetDeliveries(now time.Duration, n int) {
+	m.inflight = n
+	m.sends.clear()
+	for i := 0; i < n && i < sendLogSize; i++ {
+		m.sends.push(now)
+	}
+	if n > sendLogSize {
+		m.sends.pushed += uint64(n - sendLogSize)
+	}
+}
+
+// held is how many messages the member is assumed to hold: its
+// unacknowledged deliveries when it receives QoS≥1, the messages sent to it
+// not known to be finished when no service time is known, otherwise the
+// messages its predicted backlog (start − now) amounts to at svc each,
+// rounded up.
+func (m *member) held(now, start, svc time.Duration) int {
 	if m.qosDeliveries > 0 {
 		return m.inflight
 	}
-	if svc <= 0 || start <= now {
+	if svc <= 0 {
+		return m.unconfirmed
+	}
+	if start <= now {
 		return 0
 	}
 	return int((start - now + svc - 1) / svc)
 }
 
-// atReceiveMaximum reports whether the member holds as many unacknowledged
-// deliveries as its Receive Maximum allows.
-func (m *member) atReceiveMaximum() bool {
+// lockedAtReceiveMaximum reports whether the member holds as many
+// unacknowledged deliveries as its Receive Maximum allows; it takes the
+// member's lock.
+func (m *member) lockedAtReceiveMaximum() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	return m.receiveMax > 0 && m.inflight >= m.receiveMax
 }

@@ -54,6 +54,16 @@ const (
 	reportsSDK simReporting = iota
 	// reportsTimer: only on the 1 s timer.
 	reportsTimer
+	// reportsThesisKeys: only the thesis's two keys (msgsInQueue and
+	// processingTimePerMsg), every 1 s and right after the first
+	// processed message, like a plain client written from the paper.
+	reportsThesisKeys
+	// reportsThesisTimer: the thesis's two keys on the 1 s timer only
+	// (the thesis's own Java client).
+	reportsThesisTimer
+	// reportsNone: no reports at all (a plain client at QoS 1 that
+	// acknowledges after processing: the broker learns from its acks).
+	reportsNone
 )
 
 type simScenario struct {
@@ -92,10 +102,7 @@ type simConfig struct {
 }
 
 func (c simConfig) variant() string {
-	v := "sdk"
-	if c.reporting == reportsTimer {
-		v = "1s-only"
-	}
+	v := [...]string{"sdk", "1s-only", "thesis-keys", "thesis-timer", "no-reports"}[c.reporting]
 	if c.qos1 {
 		v += "+qos1"
 	}
@@ -247,19 +254,18 @@ func (s *simRun) startNext(i int) {
 // report writes a report at the member now; the broker gets it after wire.
 func (s *simRun) report(i int) {
 	m := s.members[i]
-	l := scoring.Load{
-		Pending:     len(m.fifo),
-		Workers:     1,
-		Received:    m.received,
-		HasReceived: true,
-	}
+	l := scoring.Load{Pending: len(m.fifo)}
 	if m.doneSince > 0 {
 		l.ProcessingTime = m.doneSinceSum / time.Duration(m.doneSince)
 	}
-	if m.busy {
+	thesisKeysOnly := s.cfg.reporting == reportsThesisKeys || s.cfg.reporting == reportsThesisTimer
+	if !thesisKeysOnly {
+		l.Workers, l.Received, l.HasReceived = 1, m.received, true
+	}
+	if m.busy && !thesisKeysOnly {
 		l.InProgress = 1
 	}
-	if tp := m.tp(); tp > 0 {
+	if tp := m.tp(); tp > 0 && !thesisKeysOnly {
 		// Backlog = remaining of the current message + pending × t_p.
 		var remaining time.Duration
 		if m.busy {
@@ -267,6 +273,9 @@ func (s *simRun) report(i int) {
 		}
 		l.Backlog = remaining + time.Duration(len(m.fifo))*tp
 		l.HasBacklog = true
+	}
+	if thesisKeysOnly {
+		l.WrittenAgo = s.cfg.wire // the broker measures the one-way delay
 	}
 	s.reports++
 	if l.ProcessingTime > 0 {
@@ -371,7 +380,9 @@ func runSim(t *testing.T, cfg simConfig) simResult {
 			m.joined = true
 			engine.Connect(m.id)
 			engine.Join(simGroup, m.id)
-			s.push(simEvent{at: s.now + simReportEvery, kind: evTimer, member: ev.member})
+			if cfg.reporting != reportsNone {
+				s.push(simEvent{at: s.now + simReportEvery, kind: evTimer, member: ev.member})
+			}
 		case evDone:
 			m.busy = false
 			m.doneSince++
@@ -381,7 +392,7 @@ func runSim(t *testing.T, cfg simConfig) simResult {
 				s.push(simEvent{at: s.now + cfg.wire, kind: evAck, member: ev.member})
 			}
 			s.startNext(ev.member)
-			if cfg.reporting == reportsSDK && m.doneTotal == 1 {
+			if (cfg.reporting == reportsSDK || cfg.reporting == reportsThesisKeys) && m.doneTotal == 1 {
 				s.report(ev.member) // first measurement: report at once
 			} else {
 				s.maybeReportOnChange(ev.member)
@@ -397,6 +408,9 @@ func runSim(t *testing.T, cfg simConfig) simResult {
 		case evAck:
 			engine.InFlightAcknowledged(m.id)
 		case evTimer:
+			if cfg.reporting == reportsNone {
+				break
+			}
 			s.report(ev.member)
 			s.push(simEvent{at: ev.at + simReportEvery, kind: evTimer, member: ev.member})
 		case evPublish:
@@ -544,15 +558,21 @@ func TestSimulationOtherScenarios(t *testing.T) {
 	}
 	const msd = time.Millisecond
 	scenarios := []simScenario{
-		{name: "step", services: []time.Duration{25 * msd, 25 * msd, 25 * msd}, messages: 3000,
+		// Issue 10's rates, so that capacity stays above arrivals after
+		// the event: step every 12.5 ms (ρ 0.67 → 0.89), join every 30 ms
+		// (ρ 0.83 → 0.42).
+		{name: "step", services: []time.Duration{25 * msd, 25 * msd, 25 * msd}, messages: 2400,
+			gap:    func(*rand.Rand) time.Duration { return 12500 * time.Microsecond },
 			stepAt: simPublishStart + 10*time.Second, stepMember: 2, stepService: 100 * msd},
-		{name: "join", services: []time.Duration{50 * msd, 50 * msd, 25 * msd}, messages: 3000,
+		{name: "join", services: []time.Duration{50 * msd, 50 * msd, 25 * msd}, messages: 1000,
+			gap:    func(*rand.Rand) time.Duration { return 30 * msd },
 			joinAt: []time.Duration{0, 0, simPublishStart + 10*time.Second}},
 		{name: "poisson", services: []time.Duration{20 * msd, 20 * msd, 40 * msd, 40 * msd, 80 * msd}, messages: 3750,
 			gap: func(r *rand.Rand) time.Duration { return time.Duration(r.ExpFloat64() * float64(8*msd)) }},
 	}
 	t.Log("| scenario | variant           | strategy    |     mean |      p99 |      max | per member  | lost | dup |")
 	means := map[string]time.Duration{}
+	worst := map[string]time.Duration{} // the last member's worst latency
 	for _, sc := range scenarios {
 		for _, mode := range []simReporting{reportsSDK, reportsTimer} {
 			for _, strategy := range []string{"adaptive", "thesis", "round-robin", "oracle"} {
@@ -562,11 +582,55 @@ func TestSimulationOtherScenarios(t *testing.T) {
 				require.Equal(t, r.published, r.dequeued, "lost messages: %s", r)
 				require.Zero(t, r.duplicated)
 				means[fmt.Sprint(sc.name, "/", r.cfg.variant(), "/", strategy)] = r.mean
+				if last := r.members[len(r.members)-1].latencies; len(last) > 0 {
+					sorted := append([]time.Duration(nil), last...)
+					sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+					worst[fmt.Sprint(sc.name, "/", r.cfg.variant(), "/", strategy)] = sorted[len(sorted)-1]
+				}
 			}
 		}
 	}
 	require.Less(t, means["poisson/sdk/adaptive"], means["poisson/sdk/thesis"])
-	for _, sc := range []string{"step", "join", "poisson"} {
+	for _, sc := range []string{"step", "poisson"} {
 		require.Less(t, means[sc+"/sdk/adaptive"], means[sc+"/sdk/round-robin"], sc)
+	}
+	// join: the newcomer is fastest, so it never waits: its worst latency
+	// stays within the 50 ms goal.
+	require.LessOrEqual(t, worst["join/sdk/adaptive"], 50*time.Millisecond)
+}
+
+// TestSimulationPlainClients runs thesis-2 with the subscriber kinds that
+// are not LuffyMQ's SDK (scenarios.md §A): a plain QoS 1 client that
+// acknowledges after processing and never reports, and plain clients that
+// send only the thesis's two keys. The goals of issue 10: adaptive within
+// 2× the perfect-information oracle and ≤ 8 ms for the first two; the
+// timer-only reporter ≤ 97 ms (the information bound is ~88 ms).
+func TestSimulationPlainClients(t *testing.T) {
+	t.Log("| scenario | variant           | strategy    |     mean |      p99 |      max | per member  | lost | dup |")
+	type kind struct {
+		reporting simReporting
+		qos1      bool
+	}
+	kinds := []kind{{reportsNone, true}, {reportsThesisKeys, false}, {reportsThesisKeys, true}, {reportsThesisTimer, false}}
+	for _, wire := range []time.Duration{0, 200 * time.Microsecond} {
+		for _, k := range kinds {
+			results := map[string]simResult{}
+			for _, strategy := range []string{"adaptive", "thesis", "round-robin", "oracle"} {
+				r := runSim(t, simConfig{scenario: simThesis2, strategy: strategy, reporting: k.reporting, qos1: k.qos1, wire: wire})
+				t.Log(r.String())
+				require.Equal(t, r.published, r.dequeued, "lost messages: %s", r)
+				require.Zero(t, r.duplicated)
+				results[strategy] = r
+			}
+			adaptive, oracle := results["adaptive"], results["oracle"]
+			name := results["adaptive"].cfg.variant()
+			if k.reporting == reportsThesisTimer {
+				require.LessOrEqual(t, adaptive.mean, 97*time.Millisecond, name)
+				continue
+			}
+			require.LessOrEqual(t, adaptive.mean, 8*time.Millisecond, name)
+			require.LessOrEqual(t, adaptive.mean, 2*oracle.mean+time.Millisecond, name)
+			require.LessOrEqual(t, adaptive.p99, 25*time.Millisecond, name)
+		}
 	}
 }

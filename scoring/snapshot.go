@@ -38,17 +38,23 @@ type MemberSnapshot struct {
 	// meaningful only when Reports > 0.
 	Reports       uint64
 	LastReportAge time.Duration
+	// Completions counts the acknowledgements taken as finished messages
+	// (the service estimate learns from them); AcksAreFinishes is false
+	// once the member was found to acknowledge on receipt.
+	Completions     uint64
+	AcksAreFinishes bool
 }
 
 // Snapshot returns every group with its members, sorted by filter; online
 // members come first, in join order.
 func (e *Engine) Snapshot() []GroupSnapshot {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.mu.RLock()
+	defer e.mu.RUnlock()
 	now := e.now()
 	out := make([]GroupSnapshot, 0, len(e.groups))
 	for _, g := range e.groups {
 		gs := GroupSnapshot{Filter: g.key, Strategy: e.strategy.Name()}
+		g.mu.Lock()
 		prior := e.groupPrior(g, now)
 		for i, m := range g.members {
 			gs.Members = append(gs.Members, e.memberSnapshot(m, g.totals[m.id]+g.selections[i], now, prior))
@@ -56,6 +62,7 @@ func (e *Engine) Snapshot() []GroupSnapshot {
 		for _, m := range g.offline {
 			gs.Members = append(gs.Members, e.memberSnapshot(m, g.totals[m.id], now, prior))
 		}
+		g.mu.Unlock()
 		out = append(out, gs)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Filter < out[j].Filter })
@@ -63,6 +70,8 @@ func (e *Engine) Snapshot() []GroupSnapshot {
 }
 
 func (e *Engine) memberSnapshot(m *member, selections uint64, now, prior time.Duration) MemberSnapshot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	svc := m.serviceOr(prior)
 	return MemberSnapshot{
 		ClientID:        m.id,
@@ -77,5 +86,7 @@ func (e *Engine) memberSnapshot(m *member, selections uint64, now, prior time.Du
 		PredictedWait:   m.predictedStart(now, svc, e.cfg.StaleAfter) - now,
 		Reports:         m.reports,
 		LastReportAge:   now - m.lastReport,
+		Completions:     m.completions,
+		AcksAreFinishes: m.acksAreFinishes,
 	}
 }

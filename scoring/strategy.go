@@ -95,10 +95,12 @@ func (thesisStrategy) selectIndex(_ *Engine, g *group, _ Message, now time.Durat
 	var sum time.Duration
 	var known int
 	for _, m := range g.members {
+		m.mu.Lock()
 		if tp := m.thesisProcessingTime(); tp > 0 {
 			sum += tp
 			known++
 		}
+		m.mu.Unlock()
 	}
 	var groupMean time.Duration
 	if known > 0 {
@@ -106,7 +108,10 @@ func (thesisStrategy) selectIndex(_ *Engine, g *group, _ Message, now time.Durat
 	}
 	best, bestScore := 0, time.Duration(0)
 	for i, m := range g.members {
-		if score := thesisScore(m, now, groupMean); i == 0 || score > bestScore {
+		m.mu.Lock()
+		score := thesisScore(m, now, groupMean)
+		m.mu.Unlock()
+		if i == 0 || score > bestScore {
 			best, bestScore = i, score
 		}
 	}
@@ -167,7 +172,7 @@ func (adaptiveStrategy) selectIndex(e *Engine, g *group, _ Message, now time.Dur
 	}
 	best := -1
 	var bestStart, bestFree time.Duration
-	var bestSent int
+	var bestSent, bestHeld int
 	bestCapped := true
 	for k := 0; k < count; k++ {
 		i := k
@@ -175,34 +180,42 @@ func (adaptiveStrategy) selectIndex(e *Engine, g *group, _ Message, now time.Dur
 			i = candidates[k]
 		}
 		m := g.members[i]
-		svc := time.Duration(0)
-		if m.hasService() {
-			svc = m.service()
-		} else {
-			if prior < 0 {
-				prior = e.groupPrior(g, now)
-			}
-			svc = prior
+		if prior < 0 {
+			prior = e.groupPrior(g, now) // cached: O(1) between changes
 		}
+		m.mu.Lock()
+		svc := m.serviceOr(prior)
 		start := m.predictedStart(now, svc, e.cfg.StaleAfter)
-		capped := !m.hasService() && svc > 0 && m.assumedInFlight(now, start, svc) >= e.cfg.NewcomerCap
-		if best < 0 || better(capped, start, m.freeAt, m.sentSinceReport, bestCapped, bestStart, bestFree, bestSent) {
-			best, bestStart, bestFree, bestSent, bestCapped = i, start, m.freeAt, m.sentSinceReport, capped
+		held := m.held(now, start, svc)
+		capped := (!m.hasService() || m.unproven()) && held >= e.cfg.NewcomerCap
+		if m.hasService() {
+			held = 0 // the count breaks ties only while nothing is known
+		}
+		free := m.freeAt
+		sent := m.sentSinceReport
+		m.mu.Unlock()
+		if best < 0 || better(capped, start, held, free, sent, bestCapped, bestStart, bestHeld, bestFree, bestSent) {
+			best, bestStart, bestHeld, bestFree, bestSent, bestCapped = i, start, held, free, sent, capped
 		}
 	}
 	return best
 }
 
 // better reports whether candidate a beats b: uncapped first, then the
-// earlier predicted start, then the one idle longest, then the one sent
-// fewer messages since its last report (so that, with nothing known, a burst
-// at one instant is spread instead of all going to the first member).
-func better(aCapped bool, aStart, aFree time.Duration, aSent int, bCapped bool, bStart, bFree time.Duration, bSent int) bool {
+// earlier predicted start, then the one holding fewer messages (with
+// nothing known yet, the least in flight), then the one idle longest, then
+// the one sent fewer messages since its last report (so that a burst at one
+// instant is spread instead of all going to the first member).
+func better(aCapped bool, aStart time.Duration, aHeld int, aFree time.Duration, aSent int,
+	bCapped bool, bStart time.Duration, bHeld int, bFree time.Duration, bSent int) bool {
 	if aCapped != bCapped {
 		return !aCapped
 	}
 	if aStart != bStart {
 		return aStart < bStart
+	}
+	if aHeld != bHeld {
+		return aHeld < bHeld
 	}
 	if aFree != bFree {
 		return aFree < bFree
