@@ -25,6 +25,56 @@ type LiftedReportSource interface {
 	TakeLiftedReports() (payloads [][]byte, oversized bool)
 }
 
+// ReceiveQuota is implemented by connections that enforce the client's
+// Receive Maximum on what the broker writes to them (see broker/pingreq):
+// the hook tells them the limit and when a QoS≥1 delivery ends.
+type ReceiveQuota interface {
+	SetReceiveMaximum(n int) error
+	ReleaseDelivery() error
+}
+
+// connState is what the hook keeps per live connection: nothing that
+// grows with traffic.
+type connState struct {
+	// member is true while the client is in a shared group: only then do
+	// its QoS flows reach the engine.
+	member atomic.Bool
+	// inboundAck is 1 + the packet ID of the broker's PUBACK to the
+	// client's own QoS 1 publish between Mochi's OnQosPublish and
+	// OnQosComplete for it (both on the client's reader goroutine), so that
+	// completion is not taken for the client acknowledging a delivery.
+	inboundAck atomic.Uint32
+}
+
+// ConnectionCount returns how many live connections the hook keeps state
+// for.
+func (h *SelectionHook) ConnectionCount() int {
+	n := 0
+	h.conns.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
+// stateOf returns the connection's state, creating it: only for events of
+// a live connection (session established, subscribe).
+func (h *SelectionHook) stateOf(cl *mqtt.Client) *connState {
+	if st := h.lookup(cl); st != nil {
+		return st
+	}
+	st, _ := h.conns.LoadOrStore(cl, new(connState))
+	return st.(*connState)
+}
+
+// lookup returns the connection's state, or nil once it is gone.
+func (h *SelectionHook) lookup(cl *mqtt.Client) *connState {
+	if st, ok := h.conns.Load(cl); ok {
+		return st.(*connState)
+	}
+	return nil
+}
+
+// isMember reports whether the connection's client is in a shared group.
+func (st *connState) isMember() bool { return st != nil && st.member.Load() }
+
 // SelectionConfig configures a SelectionHook.
 type SelectionConfig struct {
 	// Engine holds the load state and the strategy. Required.
@@ -68,8 +118,7 @@ type SelectionHook struct {
 	cfg          SelectionConfig
 	intervalProp packets.UserProperty
 
-	flowsMu sync.Mutex
-	flows   map[string]*qosFlows // by client ID
+	conns sync.Map // *mqtt.Client → *connState, one per live connection
 
 	// Reports counts load reports.
 	Reports ReportCounters
@@ -93,7 +142,6 @@ func NewSelectionHook(cfg SelectionConfig) (*SelectionHook, error) {
 			Key: report.ReportIntervalProperty,
 			Val: strconv.FormatInt(cfg.ReportInterval.Milliseconds(), 10),
 		},
-		flows: make(map[string]*qosFlows),
 	}, nil
 }
 
@@ -103,8 +151,10 @@ func (h *SelectionHook) ID() string { return "luffymq-selection" }
 // Provides tells Mochi which events the hook handles.
 func (h *SelectionHook) Provides(b byte) bool {
 	return bytes.Contains([]byte{
+		mqtt.OnSessionEstablish,
 		mqtt.OnSessionEstablished,
 		mqtt.OnDisconnect,
+		mqtt.OnClientExpired,
 		mqtt.OnSubscribed,
 		mqtt.OnUnsubscribed,
 		mqtt.OnPacketRead,
@@ -126,8 +176,17 @@ func (h *SelectionHook) OnACLCheck(_ *mqtt.Client, topic string, write bool) boo
 	return write && topic == report.LoadTopic
 }
 
-// OnSessionEstablished starts the client's load state and, for a resumed
-// session, rejoins the shared groups it is still subscribed to.
+// OnSessionEstablish hands the client's Receive Maximum to its connection
+// before Mochi sends anything on it (in-flight messages of a resumed
+// session included).
+func (h *SelectionHook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
+	if q, ok := cl.Net.Conn.(ReceiveQuota); ok {
+		_ = q.SetReceiveMaximum(int(cl.Properties.Props.ReceiveMaximum))
+	}
+}
+
+// OnSessionEstablished resumes the client's load state if it is in shared
+// groups (a resumed session), rejoining them.
 //
 // It also turns off Mochi's per-client send quota. Mochi 2.7.9 deadlocks
 // under QoS 1/2 load through that quota: after each inbound packet, while
@@ -135,52 +194,70 @@ func (h *SelectionHook) OnACLCheck(_ *mqtt.Client, topic string, write bool) boo
 // calls Inflight.NextImmediate, which takes the in-flight read lock twice
 // (once more in GetAll); a publisher adding a delivery in between queues
 // for the write lock, and both wait forever. Without the quota that call
-// never happens. The client's Receive Maximum is then enforced by the
-// selection engine for shared groups: a member at its limit is chosen only
-// when every member is.
+// never happens. The client's Receive Maximum is then enforced by its
+// connection (broker/pingreq), which holds back QoS≥1 publishes over the
+// limit, and the selection engine prefers members below their limit.
 func (h *SelectionHook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
+	cl.State.Inflight.ResetSendQuota(0)
+	st := h.stateOf(cl)
 	e := h.cfg.Engine
 	e.Connect(cl.ID)
-	cl.State.Inflight.ResetSendQuota(0)
-	e.SetReceiveMaximum(cl.ID, int(cl.Properties.Props.ReceiveMaximum))
 	for filter := range cl.State.Subscriptions.GetAll() {
 		if mqtt.IsSharedFilter(filter) {
 			e.Join(filter, cl.ID)
+			st.member.Store(true)
 		}
 	}
-	h.resyncInFlight(cl)
+	if st.member.Load() {
+		e.SetReceiveMaximum(cl.ID, int(cl.Properties.Props.ReceiveMaximum))
+		h.resyncInFlight(cl)
+	}
 }
 
 // OnDisconnect marks the client offline, or forgets it when its session
 // ends. A connection replaced by a newer one with the same client ID
 // changes nothing: the new session owns the state.
 func (h *SelectionHook) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
+	h.conns.Delete(cl)
 	if cl.IsTakenOver() {
 		return
 	}
 	h.cfg.Engine.Disconnect(cl.ID, expire)
-	if expire {
-		h.flowsMu.Lock()
-		delete(h.flows, cl.ID)
-		h.flowsMu.Unlock()
-	}
+}
+
+// OnClientExpired forgets a client whose session expired while it was
+// disconnected: the engine releases all its state.
+func (h *SelectionHook) OnClientExpired(cl *mqtt.Client) {
+	h.conns.Delete(cl)
+	h.cfg.Engine.Disconnect(cl.ID, true)
 }
 
 // OnSubscribed adds the client to every shared group it was granted.
 func (h *SelectionHook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes []byte) {
+	joined := false
 	for i, sub := range pk.Filters {
 		if i < len(reasonCodes) && reasonCodes[i] < packets.ErrUnspecifiedError.Code && mqtt.IsSharedFilter(sub.Filter) {
 			h.cfg.Engine.Join(sub.Filter, cl.ID)
+			joined = true
 		}
+	}
+	if joined && !h.stateOf(cl).member.Swap(true) {
+		h.cfg.Engine.SetReceiveMaximum(cl.ID, int(cl.Properties.Props.ReceiveMaximum))
+		h.resyncInFlight(cl)
 	}
 }
 
 // OnUnsubscribed removes the client from the shared groups it left.
 func (h *SelectionHook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
+	left := false
 	for _, sub := range pk.Filters {
 		if mqtt.IsSharedFilter(sub.Filter) {
 			h.cfg.Engine.Leave(sub.Filter, cl.ID)
+			left = true
 		}
+	}
+	if st := h.lookup(cl); left && st != nil {
+		st.member.Store(h.cfg.Engine.IsMember(cl.ID))
 	}
 }
 
@@ -288,63 +365,82 @@ func (h *SelectionHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.P
 	return subs
 }
 
-func (h *SelectionHook) flowsOf(clientID string) *qosFlows {
-	h.flowsMu.Lock()
-	defer h.flowsMu.Unlock()
-	f, ok := h.flows[clientID]
-	if !ok {
-		f = &qosFlows{}
-		h.flows[clientID] = f
-	}
-	return f
-}
-
-// OnQosPublish counts a new QoS≥1 delivery to the client as in flight.
+// OnQosPublish counts a new QoS≥1 delivery to a shared-group member as in
+// flight, and marks the broker's acknowledgement of the client's own QoS 1
+// publish so that its completion is not taken for the client's.
 func (h *SelectionHook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, resends int) {
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
-		if resends == 0 && h.flowsOf(cl.ID).startOutbound(pk.PacketID) {
+		if resends == 0 && h.lookup(cl).isMember() {
 			h.cfg.Engine.InFlightStarted(cl.ID)
 		}
-	case packets.Puback, packets.Pubrec:
-		// The broker acknowledging the client's own QoS≥1 publish.
-		h.flowsOf(cl.ID).startInbound(pk.PacketID)
+	case packets.Puback:
+		if st := h.lookup(cl); st != nil {
+			st.inboundAck.Store(uint32(pk.PacketID) + 1)
+		}
 	}
 }
 
-// OnQosComplete counts the client's acknowledgement of a delivery.
+// OnQosComplete handles the end of a QoS flow: the client's PUBACK or
+// PUBCOMP for a delivery frees a place under its Receive Maximum and, for a
+// shared-group member, is a completion the engine learns from.
 func (h *SelectionHook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
-	f := h.flowsOf(cl.ID)
-	if f.finishInbound(pk.PacketID) || pk.FixedHeader.Type == packets.Pubrel {
-		return
+	switch pk.FixedHeader.Type {
+	case packets.Puback:
+		if st := h.lookup(cl); st != nil && st.inboundAck.CompareAndSwap(uint32(pk.PacketID)+1, 0) {
+			return // the broker acknowledged the client's own publish
+		}
+	case packets.Pubcomp:
+	default:
+		return // PUBREL: the client's own QoS 2 publish completed
 	}
-	if f.finishOutbound(pk.PacketID) {
-		h.cfg.Engine.InFlightAcknowledged(cl.ID)
-	}
+	h.deliveryEnded(cl, true)
 }
 
-// OnQosDropped forgets a delivery that expired or failed.
+// OnQosDropped handles a delivery that ended without acknowledgement: the
+// client answered PUBREC with an error, or it expired.
 func (h *SelectionHook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
-	if pk.FixedHeader.Type == packets.Publish && h.flowsOf(cl.ID).finishOutbound(pk.PacketID) {
+	switch pk.FixedHeader.Type {
+	case packets.Pubrec, packets.Publish:
+		h.deliveryEnded(cl, false)
+	case 0: // expired while the client was offline: no connection
 		h.cfg.Engine.InFlightDropped(cl.ID)
 	}
 }
 
-// OnPublishDropped resynchronises the in-flight count: Mochi rolls a
-// dropped QoS≥1 delivery back without telling which packet it was.
+// deliveryEnded frees the client's place under its Receive Maximum and
+// tells the engine, for a shared-group member.
+func (h *SelectionHook) deliveryEnded(cl *mqtt.Client, acknowledged bool) {
+	if q, ok := cl.Net.Conn.(ReceiveQuota); ok {
+		_ = q.ReleaseDelivery() // a failed write ends the connection anyway
+	}
+	if !h.lookup(cl).isMember() {
+		return
+	}
+	if acknowledged {
+		h.cfg.Engine.InFlightAcknowledged(cl.ID)
+	} else {
+		h.cfg.Engine.InFlightDropped(cl.ID)
+	}
+}
+
+// OnPublishDropped resynchronises a member's in-flight count: Mochi rolls a
+// dropped QoS≥1 delivery back without telling which packet it was. The
+// delivery was never written, so the connection's quota is unaffected.
 func (h *SelectionHook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
-	if pk.FixedHeader.Qos > 0 {
+	if pk.FixedHeader.Qos > 0 && h.lookup(cl).isMember() {
 		h.resyncInFlight(cl)
 	}
 }
 
+// resyncInFlight sets the engine's count of the member's unacknowledged
+// deliveries from Mochi's in-flight store.
 func (h *SelectionHook) resyncInFlight(cl *mqtt.Client) {
-	var ids []uint16
+	n := 0
 	for _, p := range cl.State.Inflight.GetAll(false) {
 		if p.FixedHeader.Type == packets.Publish {
-			ids = append(ids, p.PacketID)
+			n++
 		}
 	}
-	n := h.flowsOf(cl.ID).resetOutbound(ids)
 	h.cfg.Engine.SetInFlight(cl.ID, n)
 }

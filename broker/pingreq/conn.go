@@ -16,6 +16,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+
+	"github.com/luffymq/luffymq/clientsdk/report"
 )
 
 // DefaultMaxPayload is the report size limit NewConn uses when it is given
@@ -53,7 +55,8 @@ const (
 )
 
 // Conn wraps a net.Conn and lifts extended PINGREQ payloads off the bytes
-// read from it. All methods other than Read pass through to the embedded
+// read from it; on the bytes written to it, it enforces the client's
+// Receive Maximum (see Write). Other methods pass through to the embedded
 // net.Conn. Read must not be called concurrently with itself (as for any
 // io.Reader); TakeLiftedReports, Lifted and Dropped may be called from any
 // goroutine.
@@ -81,6 +84,9 @@ type Conn struct {
 
 	lifted  atomic.Uint64
 	dropped atomic.Uint64
+
+	// Outbound: the client's Receive Maximum (see flow.go).
+	quota sendQuota
 }
 
 var (
@@ -206,7 +212,7 @@ func (c *Conn) filter(p []byte, r, end int) int {
 			}
 			// Fast path: the whole remaining length is in this read, so
 			// pass the header and as much of the body as there is at once.
-			if v, k, ok := wholeLength(p[r+1 : end]); ok {
+			if v, k, err := report.DecodeVarint(p[r+1 : end]); err == nil {
 				h := 1 + k
 				n := h + min(v, end-r-h)
 				w = c.pass(p, w, r, n)
@@ -274,18 +280,6 @@ func (c *Conn) filter(p []byte, r, end int) int {
 		}
 	}
 	return w
-}
-
-// wholeLength decodes the remaining length at the start of b. ok is false
-// if b ends inside it or it is malformed.
-func wholeLength(b []byte) (val, n int, ok bool) {
-	for i := 0; i < len(b) && i < 4; i++ {
-		val |= int(b[i]&0x7F) << (7 * i)
-		if b[i]&0x80 == 0 {
-			return val, i + 1, true
-		}
-	}
-	return 0, 0, false
 }
 
 // lengthByte adds b to the remaining length being decoded. done reports

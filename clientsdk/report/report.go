@@ -105,7 +105,7 @@ func Decode(payload []byte) (Report, error) {
 		return decodeJSON(body)
 	}
 	// Not plain JSON: a properties area may come first.
-	n, used, err := decodeVarint(payload)
+	n, used, err := DecodeVarint(payload)
 	if err == nil && used+n <= len(payload) {
 		if body := bytes.TrimLeft(payload[used+n:], " \t\r\n"); len(body) > 0 && body[0] == '{' {
 			return decodeJSON(body)
@@ -267,11 +267,12 @@ func EncodePingreq(r Report) []byte {
 	payload := Encode(r)
 	pk := make([]byte, 0, len(payload)+5)
 	pk = append(pk, PingreqType)
-	pk = appendVarint(pk, len(payload))
+	pk = AppendVarint(pk, len(payload))
 	return append(pk, payload...)
 }
 
-func appendVarint(buf []byte, n int) []byte {
+// AppendVarint appends n as an MQTT variable-byte integer.
+func AppendVarint(buf []byte, n int) []byte {
 	for {
 		b := byte(n % 128)
 		n /= 128
@@ -285,12 +286,21 @@ func appendVarint(buf []byte, n int) []byte {
 	}
 }
 
-// decodeVarint reads an MQTT variable-byte integer from the front of b.
-func decodeVarint(b []byte) (value, used int, err error) {
+// Errors of DecodeVarint.
+var (
+	ErrVarintTruncated = errors.New("truncated variable-byte integer")
+	ErrVarintTooLong   = errors.New("variable-byte integer longer than 4 bytes")
+)
+
+// DecodeVarint reads an MQTT variable-byte integer (a packet's remaining
+// length) from the front of b and returns its value and how many bytes it
+// used. It fails with ErrVarintTruncated if b ends inside it and
+// ErrVarintTooLong if it runs past the 4 bytes MQTT allows.
+func DecodeVarint(b []byte) (value, used int, err error) {
 	multiplier := 1
 	for i := 0; i < 4; i++ {
 		if i >= len(b) {
-			return 0, 0, errors.New("truncated variable-byte integer")
+			return 0, 0, ErrVarintTruncated
 		}
 		value += int(b[i]&0x7f) * multiplier
 		if b[i]&0x80 == 0 {
@@ -298,5 +308,5 @@ func decodeVarint(b []byte) (value, used int, err error) {
 		}
 		multiplier *= 128
 	}
-	return 0, 0, errors.New("variable-byte integer longer than 4 bytes")
+	return 0, 0, ErrVarintTooLong
 }

@@ -100,7 +100,7 @@ func TestEncodePingreqFraming(t *testing.T) {
 		InProgress: 2147483647, Backlog: time.Hour, HasBacklog: true, Received: 1 << 62, HasReceived: true}
 	require.Greater(t, len(Encode(long)), 127)
 	pk = EncodePingreq(long)
-	n, used, err := decodeVarint(pk[1:])
+	n, used, err := DecodeVarint(pk[1:])
 	require.NoError(t, err)
 	require.Equal(t, 2, used)
 	require.Equal(t, len(pk)-1-used, n)
@@ -108,15 +108,15 @@ func TestEncodePingreqFraming(t *testing.T) {
 
 func TestDecodeVarint(t *testing.T) {
 	for _, n := range []int{0, 1, 127, 128, 16383, 16384, 2097151, 2097152, 268435455} {
-		b := appendVarint(nil, n)
-		got, used, err := decodeVarint(b)
+		b := AppendVarint(nil, n)
+		got, used, err := DecodeVarint(b)
 		require.NoError(t, err)
 		require.Equal(t, n, got)
 		require.Equal(t, len(b), used)
 	}
-	_, _, err := decodeVarint([]byte{0xff, 0xff, 0xff, 0xff, 0x01})
+	_, _, err := DecodeVarint([]byte{0xff, 0xff, 0xff, 0xff, 0x01})
 	require.Error(t, err)
-	_, _, err = decodeVarint([]byte{0x80})
+	_, _, err = DecodeVarint([]byte{0x80})
 	require.Error(t, err)
 }
 

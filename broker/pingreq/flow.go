@@ -1,0 +1,148 @@
+package pingreq
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/luffymq/luffymq/clientsdk/report"
+)
+
+// MaxHeldBytes bounds the QoS≥1 PUBLISH bytes a Conn holds back for a
+// client at its Receive Maximum. A client that lets more pile up (it stopped
+// acknowledging) is disconnected; its session keeps the messages in flight
+// and the broker sends them again when it reconnects.
+const MaxHeldBytes = 16 << 20
+
+// ErrHeldTooMuch is returned by Write when a client at its Receive Maximum
+// has more than MaxHeldBytes of deliveries waiting for it.
+var ErrHeldTooMuch = errors.New("pingreq: client over its Receive Maximum has too many deliveries waiting")
+
+// publishType is the packet type of PUBLISH in the high nibble of the
+// fixed header byte.
+const publishType = 3
+
+// sendQuota enforces a client's MQTT v5 Receive Maximum on the bytes the
+// broker writes to it (MQTT-3.3.4-9): it counts the QoS≥1 PUBLISH packets
+// written and not yet acknowledged, and holds back those over the limit,
+// in order, until an acknowledgement frees a place. Other packets (QoS 0
+// publishes, acknowledgements, PINGRESP) pass at once: MQTT orders
+// publishes only within a QoS level.
+//
+// Mochi MQTT 2.7.9 has this quota too, but using it deadlocks under load
+// (a recursive read lock in Inflight.NextImmediate), so LuffyMQ turns it
+// off and enforces the limit here, where no broker lock is held.
+type sendQuota struct {
+	mu        sync.Mutex
+	limit     int      // the client's Receive Maximum; 0: none
+	inflight  int      // QoS≥1 publishes written and not released
+	held      [][]byte // publishes waiting for a place, oldest first
+	heldBytes int
+	lost      bool  // the byte stream was not whole packets: count nothing
+	err       error // sticky write error
+}
+
+// SetReceiveMaximum sets the client's Receive Maximum (0: no limit) and
+// writes what the new limit lets through.
+func (c *Conn) SetReceiveMaximum(n int) error {
+	q := &c.quota
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.limit = max(n, 0)
+	return c.flushHeldLocked()
+}
+
+// ReleaseDelivery records that one QoS≥1 delivery to the client ended (its
+// PUBACK, its PUBCOMP, or a PUBREC with an error) and writes the next held
+// one, if any.
+func (c *Conn) ReleaseDelivery() error {
+	q := &c.quota
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.inflight > 0 {
+		q.inflight--
+	}
+	return c.flushHeldLocked()
+}
+
+// QuotaState returns the deliveries written and unacknowledged, and those
+// held back.
+func (c *Conn) QuotaState() (inflight, held int) {
+	q := &c.quota
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.inflight, len(q.held)
+}
+
+// flushHeldLocked writes held publishes while the limit allows.
+func (c *Conn) flushHeldLocked() error {
+	q := &c.quota
+	for len(q.held) > 0 && q.err == nil && (q.limit == 0 || q.inflight < q.limit) {
+		pk := q.held[0]
+		q.held[0] = nil
+		q.held = q.held[1:]
+		q.heldBytes -= len(pk)
+		q.inflight++
+		if _, err := c.Conn.Write(pk); err != nil {
+			q.err = err
+		}
+	}
+	if len(q.held) == 0 {
+		q.held = nil // let the backing array go
+	}
+	return q.err
+}
+
+// Write writes p, a sequence of whole MQTT packets as Mochi writes them,
+// holding back QoS≥1 publishes over the client's Receive Maximum. It
+// reports all of p written unless the connection failed.
+func (c *Conn) Write(p []byte) (int, error) {
+	q := &c.quota
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.err != nil {
+		return 0, q.err
+	}
+	if q.lost {
+		n, err := c.Conn.Write(p)
+		q.err = err
+		return n, err
+	}
+	from := 0 // start of the bytes not yet written or held
+	for off := 0; off < len(p); {
+		length, used, err := report.DecodeVarint(p[off+1:])
+		end := off + 1 + used + length
+		if err != nil || end > len(p) {
+			// Not whole packets (Mochi always writes whole ones): stop
+			// counting rather than corrupt the stream.
+			q.lost = true
+			break
+		}
+		header := p[off]
+		if header>>4 == publishType && header&0x06 != 0 {
+			if len(q.held) > 0 || (q.limit > 0 && q.inflight >= q.limit) {
+				if _, err := c.Conn.Write(p[from:off]); err != nil {
+					q.err = err
+					return 0, err
+				}
+				q.held = append(q.held, append([]byte(nil), p[off:end]...))
+				q.heldBytes += end - off
+				from = end
+				if q.heldBytes > MaxHeldBytes {
+					q.err = fmt.Errorf("%w: more than %d bytes for a client with Receive Maximum %d", ErrHeldTooMuch, MaxHeldBytes, q.limit)
+					return 0, q.err
+				}
+			} else {
+				q.inflight++
+			}
+		}
+		off = end
+	}
+	if from < len(p) {
+		if _, err := c.Conn.Write(p[from:]); err != nil {
+			q.err = err
+			return 0, err
+		}
+	}
+	return len(p), nil
+}

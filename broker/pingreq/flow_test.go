@@ -1,0 +1,147 @@
+package pingreq
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// recordingConn is a net.Conn that records what is written to it.
+type recordingConn struct {
+	net.Conn
+	mu  sync.Mutex
+	out bytes.Buffer
+	err error
+}
+
+func (r *recordingConn) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return 0, r.err
+	}
+	return r.out.Write(p)
+}
+
+func (r *recordingConn) written() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]byte(nil), r.out.Bytes()...)
+}
+
+// filled returns an MQTT packet with the given fixed header byte and a
+// body of n bytes of b.
+func filled(header byte, n int, b byte) []byte { return packet(header, bytes.Repeat([]byte{b}, n)) }
+
+var (
+	qos1Publish = func(b byte) []byte { return filled(0x32, 5, b) }
+	qos2Publish = func(b byte) []byte { return filled(0x34, 5, b) }
+	qos0Publish = func(b byte) []byte { return filled(0x30, 5, b) }
+	pingresp    = []byte{0xD0, 0x00}
+)
+
+func TestSendQuotaHoldsPublishesOverReceiveMaximum(t *testing.T) {
+	inner := &recordingConn{}
+	c := NewConn(inner, 0)
+	require.NoError(t, c.SetReceiveMaximum(2))
+
+	// One Write with several packets, as Mochi's buffered writes do.
+	n, err := c.Write(concat(qos1Publish('a'), qos0Publish('z'), qos2Publish('b'), qos1Publish('c'), pingresp, qos0Publish('y')))
+	require.NoError(t, err)
+	require.Equal(t, 5*7+2, n, "the whole write is reported written")
+	require.Equal(t, concat(qos1Publish('a'), qos0Publish('z'), qos2Publish('b'), pingresp, qos0Publish('y')), inner.written(),
+		"QoS 0 and other packets pass; the third QoS≥1 publish waits")
+	inflight, held := c.QuotaState()
+	require.Equal(t, 2, inflight)
+	require.Equal(t, 1, held)
+
+	// Later publishes queue behind the held one, in order.
+	_, err = c.Write(qos1Publish('d'))
+	require.NoError(t, err)
+	require.NoError(t, c.ReleaseDelivery())
+	require.Equal(t, concat(qos1Publish('a'), qos0Publish('z'), qos2Publish('b'), pingresp, qos0Publish('y'), qos1Publish('c')), inner.written())
+	require.NoError(t, c.ReleaseDelivery())
+	inflight, held = c.QuotaState()
+	require.Equal(t, 2, inflight) // c and d
+	require.Zero(t, held)
+	require.True(t, bytes.HasSuffix(inner.written(), qos1Publish('d')))
+
+	// Raising the limit (or 0: none) writes what waits.
+	_, err = c.Write(concat(qos1Publish('e'), qos1Publish('f')))
+	require.NoError(t, err)
+	require.NoError(t, c.SetReceiveMaximum(0))
+	require.True(t, bytes.HasSuffix(inner.written(), concat(qos1Publish('e'), qos1Publish('f'))))
+}
+
+func TestSendQuotaWithoutLimitPassesEverything(t *testing.T) {
+	inner := &recordingConn{}
+	c := NewConn(inner, 0)
+	stream := concat(qos1Publish('a'), qos1Publish('b'), qos2Publish('c'))
+	_, err := c.Write(stream)
+	require.NoError(t, err)
+	require.Equal(t, stream, inner.written())
+	inflight, _ := c.QuotaState()
+	require.Equal(t, 3, inflight, "counted even before a limit is known")
+}
+
+func TestSendQuotaPassesThroughWhenFramingIsLost(t *testing.T) {
+	inner := &recordingConn{}
+	c := NewConn(inner, 0)
+	require.NoError(t, c.SetReceiveMaximum(1))
+	half := qos1Publish('a')[:4]
+	_, err := c.Write(half)
+	require.NoError(t, err)
+	_, err = c.Write(concat(qos1Publish('b'), qos1Publish('c')))
+	require.NoError(t, err)
+	require.Equal(t, concat(half, qos1Publish('b'), qos1Publish('c')), inner.written())
+}
+
+func TestSendQuotaBoundsHeldBytes(t *testing.T) {
+	inner := &recordingConn{}
+	c := NewConn(inner, 0)
+	require.NoError(t, c.SetReceiveMaximum(1))
+	big := filled(0x32, 1<<20, 'x')
+	var err error
+	for i := 0; i < MaxHeldBytes/len(big)+3 && err == nil; i++ {
+		_, err = c.Write(big)
+	}
+	require.ErrorIs(t, err, ErrHeldTooMuch)
+	_, err = c.Write(qos0Publish('z'))
+	require.ErrorIs(t, err, ErrHeldTooMuch, "the connection stays failed")
+}
+
+func TestSendQuotaWriteErrorsAreSticky(t *testing.T) {
+	broken := errors.New("broken pipe")
+	inner := &recordingConn{err: broken}
+	c := NewConn(inner, 0)
+	_, err := c.Write(qos1Publish('a'))
+	require.ErrorIs(t, err, broken)
+	inner.err = nil
+	_, err = c.Write(qos0Publish('b'))
+	require.ErrorIs(t, err, broken)
+}
+
+// BenchmarkConnWrite measures the outbound path: a QoS 1 publish of 100
+// bytes passing the Receive Maximum check.
+func BenchmarkConnWrite(b *testing.B) {
+	c := NewConn(discardConn{}, 0)
+	pk := filled(0x32, 100, 'p')
+	b.SetBytes(int64(len(pk)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Write(pk); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.ReleaseDelivery(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+type discardConn struct{ net.Conn }
+
+func (discardConn) Write(p []byte) (int, error) { return len(p), nil }
