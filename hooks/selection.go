@@ -33,6 +33,14 @@ type ReceiveQuota interface {
 	ReleaseDelivery() error
 }
 
+// DelayEstimator is implemented by connections that can tell the one-way
+// delay from the client (see broker/pingreq): a report without the SDK's
+// "received" key is taken to have been written that long before it
+// arrived, and what the broker sent since is counted as not in it.
+type DelayEstimator interface {
+	OneWayDelay() time.Duration
+}
+
 // connState is what the hook keeps per live connection: nothing that
 // grows with traffic.
 type connState struct {
@@ -306,6 +314,10 @@ func (h *SelectionHook) applyReport(cl *mqtt.Client, payload []byte, via ReportC
 		h.Log.Debug("ignored malformed load report", "client", cl.ID, "via", via.String(), "error", err)
 		return false
 	}
+	var writtenAgo time.Duration
+	if d, ok := cl.Net.Conn.(DelayEstimator); ok && !r.HasReceived {
+		writtenAgo = d.OneWayDelay()
+	}
 	h.cfg.Engine.Report(cl.ID, scoring.Load{
 		Pending:        r.Pending,
 		ProcessingTime: r.ProcessingTime,
@@ -316,6 +328,7 @@ func (h *SelectionHook) applyReport(cl *mqtt.Client, payload []byte, via ReportC
 		HasBacklog:     r.HasBacklog,
 		Received:       r.Received,
 		HasReceived:    r.HasReceived,
+		WrittenAgo:     writtenAgo,
 	})
 	h.Reports.Accepted[via].Add(1)
 	return true
