@@ -28,6 +28,8 @@ Commands:
   shared      shared-subscription latency scenarios (set A of docs/scenarios.md)
   throughput  broker throughput, shared fan-in and plain fan-out (set B)
   summary     rewrite DIR/summary.md from DIR/results.json and DIR/throughput.json
+  mochi-server  run vanilla Mochi MQTT (default options, allow-all auth) on --listen;
+              the benchmarks start it as a broker process of its own
 
 Run luffy-bench COMMAND --help for its flags.
 `
@@ -50,6 +52,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = sharedCommand(ctx, args[1:], stdout, stderr)
 	case "throughput":
 		err = throughputCommand(ctx, args[1:], stdout, stderr)
+	case MochiServerCommand:
+		err = mochiServerCommand(ctx, args[1:], stdout, stderr)
 	case "summary":
 		fs := flag.NewFlagSet("luffy-bench summary", flag.ContinueOnError)
 		fs.SetOutput(stderr)
@@ -62,7 +66,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	default:
-		err = fmt.Errorf("unknown command %q (want shared, throughput or summary)", args[0])
+		err = fmt.Errorf("unknown command %q (want shared, throughput, summary or %s)", args[0], MochiServerCommand)
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -80,12 +84,19 @@ type SharedConfig struct {
 	Out       string
 	// Duration, when positive, replaces every scenario's publishing time
 	// (event times stay).
-	Duration     time.Duration
-	Repeat       int
-	Systems      []string
+	Duration time.Duration
+	Repeat   int
+	Systems  []string
+	// Subscribers are the subscriber kinds (KindSDK, …); every kind runs
+	// against every system. Empty means KindSDK.
+	Subscribers  []string
 	LuffyMQ      string
 	DrainTimeout time.Duration
-	// Merge keeps the runs of other scenarios already in Out/results.json.
+	// AckInterval is paho's SendAcksInterval for the paho subscriber kinds
+	// at QoS 1 (0: paho's default).
+	AckInterval time.Duration
+	// Merge keeps the runs already in Out/results.json of every (scenario,
+	// subscriber kind) pair this invocation does not run.
 	Merge    bool
 	Progress io.Writer
 }
@@ -101,7 +112,9 @@ func sharedCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	systems := fs.String("systems", "all", "comma-separated systems: "+strings.Join(AllSystems(), ", ")+" (strategy names may omit luffymq-)")
 	luffymq := fs.String("luffymq", "", "luffymq binary (default: build ./cmd/luffymq of the current module)")
 	drain := fs.Duration("drain-timeout", 90*time.Second, "longest wait for every sent message to be dequeued after publishing ends")
-	merge := fs.Bool("merge", false, "keep runs of other scenarios already in DIR/results.json")
+	merge := fs.Bool("merge", false, "keep the runs already in DIR/results.json of every (scenario, subscriber kind) this invocation does not run")
+	subscribers := fs.String("subscriber", KindSDK, "comma-separated subscriber kinds, each run against every system: "+strings.Join(SubscriberKinds, ", ")+", or all")
+	ackInterval := fs.Duration("paho-ack-interval", 0, "how often the paho subscriber kinds send the acknowledgements of processed QoS 1 messages (paho's SendAcksInterval; 0: paho's default, 50 ms)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -112,6 +125,10 @@ func sharedCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
+	kinds, err := ParseSubscriberKinds(*subscribers)
+	if err != nil {
+		return err
+	}
 	if len(scenarios) == 1 && scenarios[0] == "all" {
 		scenarios = nil
 		for _, s := range Scenarios() {
@@ -119,11 +136,11 @@ func sharedCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	}
 	return RunShared(ctx, SharedConfig{Scenarios: scenarios, Out: *out, Duration: *duration, Repeat: *repeat, Systems: sys,
-		LuffyMQ: *luffymq, DrainTimeout: *drain, Merge: *merge, Progress: stdout})
+		Subscribers: kinds, LuffyMQ: *luffymq, DrainTimeout: *drain, AckInterval: *ackInterval, Merge: *merge, Progress: stdout})
 }
 
-// RunShared runs set-A scenarios and writes results.json, summary.md and
-// plots into cfg.Out.
+// RunShared runs set-A scenarios with every subscriber kind against every
+// system and writes results.json, summary.md and plots into cfg.Out.
 func RunShared(ctx context.Context, cfg SharedConfig) error {
 	if cfg.Out == "" {
 		return errors.New("--out DIR is required")
@@ -137,11 +154,22 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 	if cfg.Duration < 0 || cfg.Duration > 10*time.Minute {
 		return fmt.Errorf("--duration %s: want up to 10m", cfg.Duration)
 	}
+	if cfg.AckInterval < 0 || cfg.AckInterval > time.Second {
+		return fmt.Errorf("--paho-ack-interval %s: want 0 to 1s", cfg.AckInterval)
+	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 90 * time.Second
 	}
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
+	}
+	if len(cfg.Subscribers) == 0 {
+		cfg.Subscribers = []string{KindSDK}
+	}
+	for _, k := range cfg.Subscribers {
+		if kindOrder(k) == len(SubscriberKinds) {
+			return fmt.Errorf("unknown subscriber kind %q", k)
+		}
 	}
 	var scs []Scenario
 	for _, id := range cfg.Scenarios {
@@ -185,16 +213,15 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 			return fmt.Errorf("--luffymq %s: %w", bin, err)
 		}
 	}
+	self, err := os.Executable()
+	if err != nil && slices.Contains(cfg.Systems, SystemMochi) {
+		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", MochiServerCommand, err)
+	}
 	results := &SharedResults{
 		Machine:   machineInfo(mosq),
 		Emulation: Emulation,
 		Latency:   "dequeue time (virtual service start) − scheduled publish time (the drift-free publisher's slot; the payload also carries the actual send time and results.json the publisher's worst lag); processing excluded",
-		Notes: []string{
-			"Subscribers are LuffyMQ SDK clientsdk.Subscribers on every system, reporting load at the broker's interval with the extended PINGREQ. A broker that closes the connection on an extended PINGREQ makes the SDK reconnect and publish its reports to $luffy/load instead, which on Mosquitto and Mochi would be ordinary messages nobody subscribes to; each run's notes say which channel was used (Mosquitto 2.0.11 was expected to close, see the notes).",
-			"luffymq runs as a separate process (the real binary); Mosquitto runs as a separate process with set_tcp_nodelay true; vanilla Mochi runs inside the benchmark process with default options.",
-			"The oracle replays the exact arrival trace with perfect-information earliest start and zero network delay (a lower bound; the same at QoS 1).",
-			"Members use clean sessions (session expiry 0).",
-		},
+		Notes:     sharedNotes(),
 	}
 	jsonPath := filepath.Join(cfg.Out, "results.json")
 	if cfg.Merge {
@@ -203,20 +230,13 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 			return err
 		}
 		if old != nil {
-			for _, r := range old.Runs {
-				if !slices.ContainsFunc(scs, func(s Scenario) bool { return s.ID == r.Scenario }) {
-					r.Overall = r.Overall.unfinite()
-					for j := range r.PerSub {
-						r.PerSub[j].LatencyStats = r.PerSub[j].LatencyStats.unfinite()
-					}
-					results.Runs = append(results.Runs, r)
-				}
-			}
+			results.Runs = keepOtherRuns(old.Runs, scs, cfg.Subscribers)
 		}
 	}
 
 	type job struct {
 		s      Scenario
+		kind   string
 		system string
 		repeat int
 	}
@@ -229,18 +249,20 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 	}
 	total := 0.0
 	for _, s := range scs {
-		for r := 1; r <= cfg.Repeat; r++ {
-			for _, sys := range cfg.Systems {
-				jobs = append(jobs, job{s, sys, r})
-				total += estimate(jobs[len(jobs)-1])
+		for _, kind := range cfg.Subscribers {
+			for r := 1; r <= cfg.Repeat; r++ {
+				for _, sys := range cfg.Systems {
+					jobs = append(jobs, job{s, kind, sys, r})
+					total += estimate(jobs[len(jobs)-1])
+				}
 			}
 		}
 	}
-	starter := brokerStarter{LuffyMQ: bin, Mosquitto: mosq, LogDir: logDir}
-	opts := sharedOptions{brokers: starter, drainTimeout: cfg.DrainTimeout, logDir: logDir}
+	starter := brokerStarter{LuffyMQ: bin, Mosquitto: mosq, Self: self, LogDir: logDir}
+	opts := sharedOptions{brokers: starter, drainTimeout: cfg.DrainTimeout, logDir: logDir, ackInterval: cfg.AckInterval}
 	began := time.Now()
 	doneEst := 0.0
-	var scenarioRuns []RunResult
+	var groupRuns []RunResult
 	for k, j := range jobs {
 		if ctx.Err() != nil {
 			break
@@ -252,36 +274,42 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 		} else {
 			eta = "≈" + fmtDur(time.Duration(total*float64(time.Second)))
 		}
-		fmt.Fprintf(cfg.Progress, "[%d/%d] %s · %s · repeat %d/%d · elapsed %s · ETA %s\n", k+1, len(jobs), j.s.ID, j.system, j.repeat, cfg.Repeat, fmtDur(elapsed), eta)
+		fmt.Fprintf(cfg.Progress, "[%d/%d] %s · %s subscribers · %s · repeat %d/%d · elapsed %s · ETA %s\n",
+			k+1, len(jobs), j.s.ID, j.kind, j.system, j.repeat, cfg.Repeat, fmtDur(elapsed), eta)
 		seed := uint64(j.repeat)
 		trace := j.s.Trace(seed)
 		var r RunResult
 		if j.system == SystemOracle {
-			r = buildResult(j.s, j.system, j.repeat, len(trace), seed, Oracle(j.s, trace))
+			r = buildResult(j.s, j.kind, j.system, j.repeat, trace, len(trace), seed, Oracle(j.s, trace))
 		} else {
 			var err error
-			r, err = runLive(ctx, j.s, j.system, j.repeat, seed, trace, opts)
+			r, err = runLive(ctx, j.s, j.kind, j.system, j.repeat, seed, trace, opts)
 			if err != nil {
 				if ctx.Err() != nil {
 					break
 				}
-				return fmt.Errorf("%s on %s: %w", j.s.ID, j.system, err)
+				return fmt.Errorf("%s with %s subscribers on %s: %w", j.s.ID, j.kind, j.system, err)
 			}
 		}
 		doneEst += estimate(j)
 		fmt.Fprintf(cfg.Progress, "      mean %s ms · p99 %s ms · max %s ms · lost %d · dup %d · %.1f s\n",
 			fmtMs(r.Overall.Mean), fmtMs(r.Overall.P99), fmtMs(r.Overall.Max), r.Lost, r.Duplicated, r.WallSeconds)
 		results.Runs = append(results.Runs, r)
-		scenarioRuns = append(scenarioRuns, r)
+		groupRuns = append(groupRuns, r)
 		results.Generated = time.Now().UTC()
 		if err := writeJSON(jsonPath, results); err != nil {
 			return err
 		}
+		if k == len(jobs)-1 || jobs[k+1].s.ID != j.s.ID || jobs[k+1].kind != j.kind {
+			if err := plotScenario(cfg.Out, j.s, j.kind, groupRuns); err != nil {
+				return fmt.Errorf("plots of %s (%s subscribers): %w", j.s.ID, j.kind, err)
+			}
+			groupRuns = nil
+		}
 		if k == len(jobs)-1 || jobs[k+1].s.ID != j.s.ID {
-			if err := plotScenario(cfg.Out, j.s, scenarioRuns); err != nil {
+			if err := plotKinds(cfg.Out, j.s, results.Runs); err != nil {
 				return fmt.Errorf("plots of %s: %w", j.s.ID, err)
 			}
-			scenarioRuns = nil
 			if err := WriteSummary(cfg.Out); err != nil {
 				return err
 			}
@@ -295,6 +323,38 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 	}
 	fmt.Fprintf(cfg.Progress, "done in %s: %s, %s\n", fmtDur(time.Since(began)), jsonPath, filepath.Join(cfg.Out, "summary.md"))
 	return nil
+}
+
+// sharedNotes are the general notes of results.json and summary.md.
+func sharedNotes() []string {
+	return []string{
+		"Subscriber kinds (column/section *subscribers*): sdk = " + kindDescription(KindSDK) + "; thesis-reporter = " + kindDescription(KindThesisReporter) +
+			"; timer-reporter = " + kindDescription(KindTimerReporter) + "; paho-qos1-ackafter = " + kindDescription(KindPahoQoS1AckAfter) + ".",
+		"Every member, of every kind, has one FIFO and one worker with the same drift-free service emulation. A broker that closes the connection on an extended PINGREQ makes the SDK reconnect and publish its reports to $luffy/load instead (ordinary messages nobody subscribes to on Mosquitto and Mochi); a paho member does not reconnect. Each run's notes say what happened.",
+		"luffymq runs as a separate process (the real binary); Mosquitto runs as a separate process with set_tcp_nodelay true; vanilla Mochi runs as a separate process (`luffy-bench " + MochiServerCommand + "`) with default options.",
+		OracleName + ": replays the exact arrival trace, always giving a message to the member that can start it soonest, knowing every member's exact busy-until time, with zero network delay (the same at QoS 1). A strong reference, not a proven lower bound; its row is computed once per subscriber kind.",
+		"Members use clean sessions (session expiry 0).",
+	}
+}
+
+// keepOtherRuns returns the runs of old that this invocation does not
+// replace: those of a (scenario, subscriber kind) pair not in scs × kinds.
+// Runs written before subscriber kinds existed count as sdk runs.
+func keepOtherRuns(old []RunResult, scs []Scenario, kinds []string) []RunResult {
+	var out []RunResult
+	for _, r := range old {
+		r.Subscriber = normKind(r.Subscriber)
+		replaced := slices.ContainsFunc(scs, func(s Scenario) bool { return s.ID == r.Scenario }) && slices.Contains(kinds, r.Subscriber)
+		if replaced {
+			continue
+		}
+		r.Overall = r.Overall.unfinite()
+		for j := range r.PerSub {
+			r.PerSub[j].LatencyStats = r.PerSub[j].LatencyStats.unfinite()
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 func fmtDur(d time.Duration) string {
@@ -314,8 +374,9 @@ func throughputCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	fan := fs.Int("fanout-messages", 10000, "messages per publisher in the fan-out tests")
 	members := fs.Int("members", 3, "shared-group members / fan-out subscribers")
 	inflight := fs.Int("inflight", 16, "QoS 1 publishes each publisher keeps in flight")
-	repeat := fs.Int("repeat", 1, "runs of each test on each system")
+	repeat := fs.Int("repeat", 3, "runs of each test on each system (medians are reported)")
 	timeout := fs.Duration("timeout", 60*time.Second, "longest time one measurement may take")
+	stall := fs.Duration("stall-window", DefaultStallWindow, "a broker whose delivered count stays flat this long with messages still owed has stalled (no rate is reported for that run)")
 	systems := fs.String("systems", strings.Join(ThroughputSystems, ","), "comma-separated subset of "+strings.Join(ThroughputSystems, ", "))
 	luffymq := fs.String("luffymq", "", "luffymq binary (default: build ./cmd/luffymq of the current module)")
 	if err := fs.Parse(args); err != nil {
@@ -333,7 +394,7 @@ func throughputCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 			return fmt.Errorf("system %s is not part of the throughput set (%s)", s, strings.Join(ThroughputSystems, ", "))
 		}
 	}
-	cfg := ThroughputConfig{Publishers: *pubs, SharedMessages: *shared, FanoutMessages: *fan, Members: *members, InFlight: *inflight, Repeat: *repeat, Timeout: *timeout}
+	cfg := ThroughputConfig{Publishers: *pubs, SharedMessages: *shared, FanoutMessages: *fan, Members: *members, InFlight: *inflight, Repeat: *repeat, Timeout: *timeout, StallWindow: *stall}
 	return RunThroughput(ctx, *out, sys, *luffymq, cfg, stdout)
 }
 
@@ -351,6 +412,15 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 	}
 	if cfg.Repeat < 1 || cfg.Repeat > 20 {
 		return errors.New("--repeat wants 1 to 20")
+	}
+	if cfg.Timeout <= 0 || cfg.Timeout > 10*time.Minute {
+		return errors.New("--timeout wants more than 0 and up to 10m")
+	}
+	if cfg.StallWindow == 0 {
+		cfg.StallWindow = DefaultStallWindow
+	}
+	if cfg.StallWindow < 500*time.Millisecond || cfg.StallWindow > cfg.Timeout {
+		return fmt.Errorf("--stall-window %s: want 500ms up to the --timeout", cfg.StallWindow)
 	}
 	mosq := findMosquitto()
 	if slices.Contains(systems, SystemMosquitto) && mosq == "" {
@@ -371,7 +441,11 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 			return err
 		}
 	}
-	starter := brokerStarter{LuffyMQ: luffymq, Mosquitto: mosq, LogDir: logDir}
+	self, err := os.Executable()
+	if err != nil && slices.Contains(systems, SystemMochi) {
+		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", MochiServerCommand, err)
+	}
+	starter := brokerStarter{LuffyMQ: luffymq, Mosquitto: mosq, Self: self, LogDir: logDir}
 	res := &ThroughputResults{Machine: machineInfo(mosq), Config: cfg}
 	logf, err := os.Create(filepath.Join(logDir, "throughput.clients.log"))
 	if err != nil {
@@ -399,11 +473,15 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 				if err != nil {
 					return fmt.Errorf("throughput %s on %s: %w", t.ID, sys, err)
 				}
-				run := runThroughput(ctx, t, sys, r, br.Addr(), cfg, logger.With("system", sys, "test", t.ID))
+				run := runThroughput(ctx, t, sys, r, br, cfg, logger.With("system", sys, "test", t.ID))
 				if !within(cleanupTimeout, func() { _ = br.Close() }) {
 					run.Error = strings.TrimSpace(run.Error + " broker did not stop within " + cleanupTimeout.String() + " (left running)")
 				}
-				fmt.Fprintf(progress, "      %.0f msgs/s · p50 %s ms · p99 %s ms · delivered %d/%d %s\n", run.MsgsPerS, fmtMs(run.P50Ms), fmtMs(run.P99Ms), run.Delivered, run.Expected, run.Error)
+				if run.Stalled {
+					fmt.Fprintf(progress, "      STALLED: delivered %d/%d, none for %s after %.1f s\n", run.Delivered, run.Expected, cfg.StallWindow, run.StalledAfterS)
+				} else {
+					fmt.Fprintf(progress, "      %.0f msgs/s · p50 %s ms · p99 %s ms · delivered %d/%d %s\n", run.MsgsPerS, fmtMs(run.P50Ms), fmtMs(run.P99Ms), run.Delivered, run.Expected, run.Error)
+				}
 				res.Runs = append(res.Runs, run)
 			}
 		}

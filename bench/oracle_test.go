@@ -73,7 +73,7 @@ func TestOracleThesis2IsStableAtFullUtilisation(t *testing.T) {
 	require.Len(t, trace, 1500)
 	ds := Oracle(s, trace)
 	require.Len(t, ds, 1500)
-	r := buildResult(s, SystemOracle, 1, len(trace), 1, ds)
+	r := buildResult(s, KindSDK, SystemOracle, 1, trace, len(trace), 1, ds)
 	// Capacity equals the arrival rate: the earliest-start policy keeps the
 	// queueing delay bounded by one slow service time.
 	require.LessOrEqual(t, r.Overall.Max, 50.0)

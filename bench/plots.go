@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"image/color"
 	"math"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -133,24 +133,114 @@ func shortName(system string) string {
 	return strings.TrimPrefix(system, "luffymq-")
 }
 
-// plotScenario writes the scenario's PNGs into dir.
-func plotScenario(dir string, s Scenario, runs []RunResult) error {
+// legendName is a system's name in plot legends; the oracle is named for
+// what it is.
+func legendName(system string) string {
+	if system == SystemOracle {
+		return OracleName
+	}
+	return shortName(system)
+}
+
+// categoryName is a system's label on a category axis, where the oracle's
+// full name does not fit: it gets a mark that oracleFootnote explains.
+func categoryName(system string) string {
+	if system == SystemOracle {
+		return "oracle*"
+	}
+	return shortName(system)
+}
+
+// oracleFootnote explains categoryName's mark in a plot title.
+const oracleFootnote = "* oracle = " + OracleName
+
+// plotScenario writes the PNGs of a scenario with one subscriber kind into
+// dir.
+func plotScenario(dir string, s Scenario, kind string, runs []RunResult) error {
+	// Plots of results written before subscriber kinds existed had no kind
+	// in their names; they would go stale next to the new ones.
+	for _, what := range []string{"subscriber-mean", "latency-over-time", "msgs-per-sec", "adaptation"} {
+		legacy := filepath.Join(dir, s.ID+"-"+what+".png")
+		if _, err := os.Stat(legacy); err == nil {
+			_ = os.Remove(legacy)
+		}
+	}
 	aggs := aggregateRuns(runs)
-	if err := plotSubscriberMeans(filepath.Join(dir, s.ID+"-subscriber-mean.png"), s, aggs); err != nil {
+	if err := plotSubscriberMeans(filepath.Join(dir, plotFile(s.ID, kind, "subscriber-mean")), s, kind, aggs); err != nil {
 		return err
 	}
-	if err := plotRates(filepath.Join(dir, s.ID+"-msgs-per-sec.png"), s, aggs); err != nil {
+	if err := plotRates(filepath.Join(dir, plotFile(s.ID, kind, "msgs-per-sec")), s, kind, aggs); err != nil {
 		return err
 	}
-	if err := plotOverTime(filepath.Join(dir, s.ID+"-latency-over-time.png"), s, runs); err != nil {
+	if err := plotOverTime(filepath.Join(dir, plotFile(s.ID, kind, "latency-over-time")), s, kind, runs); err != nil {
 		return err
 	}
 	if s.EventAt > 0 {
-		if err := plotAdaptation(filepath.Join(dir, s.ID+"-adaptation.png"), s, runs); err != nil {
+		if err := plotAdaptation(filepath.Join(dir, plotFile(s.ID, kind, "adaptation")), s, kind, runs); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// plotKinds writes the scenario's comparison of subscriber kinds (median
+// overall mean latency per system, one bar per kind) when all holds runs
+// of more than one kind for it.
+func plotKinds(dir string, s Scenario, all []RunResult) error {
+	byKind := map[string][]RunResult{}
+	for _, r := range all {
+		if r.Scenario == s.ID {
+			k := normKind(r.Subscriber)
+			byKind[k] = append(byKind[k], r)
+		}
+	}
+	if len(byKind) < 2 {
+		return nil
+	}
+	kinds := sortedKinds(byKind)
+	aggs := map[string][]aggregate{}
+	var systems []string
+	seen := map[string]bool{}
+	for _, k := range kinds {
+		aggs[k] = aggregateRuns(byKind[k])
+		for _, a := range aggs[k] {
+			if !seen[a.System] {
+				seen[a.System] = true
+				systems = append(systems, a.System)
+			}
+		}
+	}
+	sort.Slice(systems, func(i, j int) bool { return systemOrder(systems[i]) < systemOrder(systems[j]) })
+	p := newPlot(fmt.Sprintf("%s: mean queueing latency by subscriber kind (median of runs)", s.ID), "system", "mean latency (ms, log scale)")
+	names := make([]string, len(systems))
+	lo, hi := math.Inf(1), 0.0
+	for i, sys := range systems {
+		names[i] = categoryName(sys)
+		for _, k := range kinds {
+			if a := findAgg(aggs[k], sys); a != nil && a.Overall.Mean > 0 {
+				lo, hi = math.Min(lo, a.Overall.Mean), math.Max(hi, a.Overall.Mean)
+			}
+		}
+	}
+	floor := floorPow10(lo)
+	n := len(kinds)
+	w := vg.Points(min(64/float64(n), 18))
+	for j, k := range kinds {
+		vals := make([]float64, len(systems))
+		for i, sys := range systems {
+			vals[i] = math.NaN()
+			if a := findAgg(aggs[k], sys); a != nil {
+				vals[i] = a.Overall.Mean
+			}
+		}
+		b := &logBars{Values: vals, Floor: floor, Width: w, Offset: w * vg.Length(float64(j)-float64(n-1)/2), Color: subscriberColors[j%len(subscriberColors)]}
+		p.Add(b)
+		p.Legend.Add(k+" subscribers", b)
+	}
+	logAxis(p, floor, ceilPow10(hi)*8)
+	categoryAxis(p, names)
+	p.Title.Text += "\n(a missing bar is a mean below " + trimFloat(floor) + " ms; " + oracleFootnote + ")"
+	return p.Save(vg.Length(max(8, 1.3*float64(len(systems))))*vg.Inch, 4.8*vg.Inch, filepath.Join(dir, kindsPlotFile(s.ID)))
 }
 
 func memberLabel(s Scenario, i int) string {
@@ -159,12 +249,12 @@ func memberLabel(s Scenario, i int) string {
 
 // plotSubscriberMeans is thesis fig. 44: mean latency per subscriber, per
 // system, log scale.
-func plotSubscriberMeans(path string, s Scenario, aggs []aggregate) error {
-	p := newPlot(fmt.Sprintf("%s: mean queueing latency per subscriber (median of runs)", s.ID), "system", "mean latency (ms, log scale)")
+func plotSubscriberMeans(path string, s Scenario, kind string, aggs []aggregate) error {
+	p := newPlot(fmt.Sprintf("%s, %s subscribers: mean queueing latency per subscriber (median of runs)", s.ID, kind), "system", "mean latency (ms, log scale)")
 	names := make([]string, len(aggs))
 	lo, hi := math.Inf(1), 0.0
 	for i, a := range aggs {
-		names[i] = shortName(a.System)
+		names[i] = categoryName(a.System)
 		for _, v := range a.SubMean {
 			if !math.IsNaN(v) && v > 0 {
 				lo, hi = math.Min(lo, v), math.Max(hi, v)
@@ -188,8 +278,8 @@ func plotSubscriberMeans(path string, s Scenario, aggs []aggregate) error {
 	}
 	logAxis(p, floor, ceilPow10(hi)*8) // headroom for the legend
 	categoryAxis(p, names)
-	p.Title.Text += "\n(a missing bar is a mean below " + trimFloat(floor) + " ms)"
-	return p.Save(vg.Length(max(7, 1.1*float64(len(aggs))))*vg.Inch, 4.5*vg.Inch, path)
+	p.Title.Text += "\n(a missing bar is a mean below " + trimFloat(floor) + " ms; " + oracleFootnote + ")"
+	return p.Save(vg.Length(max(8, 1.1*float64(len(aggs))))*vg.Inch, 4.5*vg.Inch, path)
 }
 
 func floorPow10(v float64) float64 {
@@ -207,11 +297,11 @@ func ceilPow10(v float64) float64 {
 }
 
 // plotRates is thesis fig. 45: messages per second per subscriber.
-func plotRates(path string, s Scenario, aggs []aggregate) error {
-	p := newPlot(fmt.Sprintf("%s: messages per second taken by each subscriber", s.ID), "system", "messages per second")
+func plotRates(path string, s Scenario, kind string, aggs []aggregate) error {
+	p := newPlot(fmt.Sprintf("%s, %s subscribers: messages per second taken by each subscriber\n(%s)", s.ID, kind, oracleFootnote), "system", "messages per second")
 	names := make([]string, len(aggs))
 	for i, a := range aggs {
-		names[i] = shortName(a.System)
+		names[i] = categoryName(a.System)
 	}
 	n := len(s.Members)
 	w := vg.Points(min(60/float64(n), 18))
@@ -235,7 +325,7 @@ func plotRates(path string, s Scenario, aggs []aggregate) error {
 	categoryAxis(p, names)
 	p.Y.Min = 0
 	p.Y.Max *= 1.55 // room for the legend
-	return p.Save(vg.Length(max(7, 1.1*float64(len(aggs))))*vg.Inch, 4.5*vg.Inch, path)
+	return p.Save(vg.Length(max(8, 1.1*float64(len(aggs))))*vg.Inch, 4.5*vg.Inch, path)
 }
 
 // overTimeSystems picks the systems for the latency-over-time plot.
@@ -273,9 +363,9 @@ func firstRun(runs []RunResult, system string) *RunResult {
 }
 
 // plotOverTime is thesis fig. 47: latency of every message by publish time.
-func plotOverTime(path string, s Scenario, runs []RunResult) error {
+func plotOverTime(path string, s Scenario, kind string, runs []RunResult) error {
 	systems := overTimeSystems(runs)
-	p := newPlot(fmt.Sprintf("%s: latency of each message (first run of each system)", s.ID), "publish time (s)", "latency (ms)")
+	p := newPlot(fmt.Sprintf("%s, %s subscribers: latency of each message (first run of each system)", s.ID, kind), "publish time (s)", "latency (ms)")
 	const floor = 0.01
 	lo, hi := math.Inf(1), 0.0
 	type series struct {
@@ -306,7 +396,7 @@ func plotOverTime(path string, s Scenario, runs []RunResult) error {
 		sc.GlyphStyle.Shape = draw.CircleGlyph{}
 		sc.GlyphStyle.Color = systemColor(se.name)
 		p.Add(sc)
-		p.Legend.Add(shortName(se.name), sc)
+		p.Legend.Add(legendName(se.name), sc)
 	}
 	if logScale {
 		logAxis(p, floorPow10(math.Max(lo, floor)), ceilPow10(hi)*4)
@@ -338,8 +428,8 @@ func addEventLine(p *plot.Plot, s Scenario) {
 }
 
 // plotAdaptation plots the rolling p99 over time (step, join, crash).
-func plotAdaptation(path string, s Scenario, runs []RunResult) error {
-	p := newPlot(fmt.Sprintf("%s: rolling p99 latency (500 ms windows by publish time, first run)", s.ID), "publish time (s)", "p99 latency (ms, log scale)")
+func plotAdaptation(path string, s Scenario, kind string, runs []RunResult) error {
+	p := newPlot(fmt.Sprintf("%s, %s subscribers: rolling p99 latency (%.0f ms windows by publish time, every %.0f ms; first run)", s.ID, kind, ms(adaptationWindow), ms(adaptationStep)), "publish time (s)", "p99 latency (ms, log scale)")
 	const floor = 0.1
 	lo, hi := math.Inf(1), 0.0
 	var systems []string
@@ -362,7 +452,7 @@ func plotAdaptation(path string, s Scenario, runs []RunResult) error {
 		if r == nil {
 			continue
 		}
-		ser := RollingP99(r.Deliveries, 500*time.Millisecond, 100*time.Millisecond)
+		ser := RollingP99(r.Deliveries, adaptationWindow, adaptationStep)
 		pts := make(plotter.XYs, len(ser))
 		for i, tp := range ser {
 			v := math.Max(tp.V, floor)
@@ -383,7 +473,7 @@ func plotAdaptation(path string, s Scenario, runs []RunResult) error {
 		l.Color = systemColor(se.name)
 		l.Width = vg.Points(1.5)
 		p.Add(l)
-		p.Legend.Add(shortName(se.name), l)
+		p.Legend.Add(legendName(se.name), l)
 	}
 	logAxis(p, floorPow10(math.Max(lo, floor)), ceilPow10(hi)*8)
 	p.X.Min, p.X.Max = 0, maxT
@@ -399,7 +489,7 @@ func plotAdaptation(path string, s Scenario, runs []RunResult) error {
 
 // plotThroughput draws msgs/s per test and system.
 func plotThroughput(path string, tp *ThroughputResults) error {
-	p := newPlot("Broker throughput (median msgs/s delivered)", "test", "messages per second")
+	p := newPlot("Broker throughput (median msgs/s delivered; no bar: stalled in every run)", "test", "messages per second")
 	names := make([]string, len(ThroughputTests))
 	for i, t := range ThroughputTests {
 		names[i] = t.ID
@@ -410,10 +500,12 @@ func plotThroughput(path string, tp *ThroughputResults) error {
 		vals := make(plotter.Values, len(ThroughputTests))
 		any := false
 		for i, t := range ThroughputTests {
-			rate, _, _, _, runs, _ := throughputAggregate(tp, t.ID, sys)
-			if runs > 0 && !math.IsNaN(rate) {
-				vals[i] = rate
+			a := throughputAggregate(tp, t.ID, sys)
+			if a.Runs > 0 {
 				any = true
+				if !math.IsNaN(a.Rate) {
+					vals[i] = a.Rate
+				}
 			}
 		}
 		if !any {

@@ -72,8 +72,8 @@ func Scenarios() []Scenario {
 		{ID: "thesis-1", Gap: 10 * ms, Duration: 15 * time.Second, Members: fixed(25*ms, 25*ms, 25*ms), ReportInterval: time.Second, Notes: "thesis table 6"},
 		{ID: "thesis-2", Gap: 10 * ms, Duration: 15 * time.Second, Members: fixed(25*ms, 25*ms, 50*ms), ReportInterval: time.Second, Notes: "thesis table 6; 100 % utilisation"},
 		{ID: "thesis-2-qos1", Gap: 10 * ms, Duration: 15 * time.Second, Members: fixed(25*ms, 25*ms, 50*ms), QoS: 1, ReportInterval: time.Second, Notes: "ack after processing"},
-		{ID: "step", Gap: 10 * ms, Duration: 30 * time.Second, Members: step, ReportInterval: time.Second, EventAt: 10 * time.Second, Notes: "member 3: 25 ms → 100 ms at t = 10 s"},
-		{ID: "join", Gap: 10 * ms, Duration: 30 * time.Second, Members: join, ReportInterval: time.Second, EventAt: 10 * time.Second, Notes: "a 25 ms member joins at t = 10 s"},
+		{ID: "step", Gap: 12500 * time.Microsecond, Duration: 30 * time.Second, Members: step, ReportInterval: time.Second, EventAt: 10 * time.Second, Notes: "member 3: 25 ms → 100 ms at t = 10 s; ρ 0.67 → 0.89"},
+		{ID: "join", Gap: 30 * ms, Duration: 30 * time.Second, Members: join, ReportInterval: time.Second, EventAt: 10 * time.Second, Notes: "a 25 ms member with no history joins at t = 10 s; ρ 0.83 → 0.42"},
 		{ID: "poisson", Gap: 8 * ms, Poisson: true, Duration: 30 * time.Second, Members: fixed(20*ms, 20*ms, 40*ms, 40*ms, 80*ms), ReportInterval: time.Second, Notes: "exponential gaps, ρ ≈ 0.77"},
 		{ID: "crash", Gap: 10 * ms, Duration: 30 * time.Second, Members: crash, QoS: 1, ReportInterval: time.Second, EventAt: 10 * time.Second, Notes: "member 1 killed at t = 10 s"},
 	}

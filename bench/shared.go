@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"github.com/luffymq/luffymq/internal/timeutil"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/luffymq/luffymq/clientsdk"
+	"github.com/luffymq/luffymq/internal/timeutil"
 )
 
 // PayloadSize is the size of every benchmark message.
@@ -48,14 +48,19 @@ type SubscriberResult struct {
 	LatencyStats
 	MsgsPerSec float64 `json:"msgs_per_sec"`
 	// ReportVia is the report channel the member used at the end
-	// ("publish" after the SDK's fallback from extended PINGREQs).
+	// ("publish" after the SDK's fallback from extended PINGREQs, "none"
+	// for a member that does not report).
 	ReportVia   string `json:"report_via,omitempty"`
 	ReportsSent uint64 `json:"reports_sent,omitempty"`
 }
 
-// RunResult is one run of one scenario on one system.
+// RunResult is one run of one scenario on one system with one subscriber
+// kind; results are keyed by (Scenario, Subscriber, System).
 type RunResult struct {
-	Scenario   string             `json:"scenario"`
+	Scenario string `json:"scenario"`
+	// Subscriber is the subscriber kind (KindSDK, …); for the oracle, the
+	// kind whose runs it is the reference of.
+	Subscriber string             `json:"subscriber"`
 	System     string             `json:"system"`
 	Repeat     int                `json:"repeat"`
 	Params     ScenarioParams     `json:"parameters"`
@@ -79,6 +84,16 @@ type RunResult struct {
 	Deliveries []Delivery `json:"-"`
 }
 
+// runKey identifies what a result is of: results are keyed by scenario,
+// subscriber kind and system.
+type runKey struct {
+	Scenario, Subscriber, System string
+}
+
+func (r RunResult) key() runKey {
+	return runKey{Scenario: r.Scenario, Subscriber: normKind(r.Subscriber), System: r.System}
+}
+
 // ScenarioParams records a scenario's parameters in results.
 type ScenarioParams struct {
 	GapMs          float64  `json:"gap_ms"`
@@ -93,8 +108,8 @@ type ScenarioParams struct {
 	Notes          string   `json:"notes,omitempty"`
 }
 
-func paramsOf(s Scenario, msgs int, seed uint64) ScenarioParams {
-	p := ScenarioParams{GapMs: ms(s.Gap), Poisson: s.Poisson, DurationS: s.Duration.Seconds(), QoS: s.QoS,
+func paramsOf(s Scenario, kind string, msgs int, seed uint64) ScenarioParams {
+	p := ScenarioParams{GapMs: ms(s.Gap), Poisson: s.Poisson, DurationS: s.Duration.Seconds(), QoS: kindQoS(s, kind),
 		ReportInterval: s.ReportInterval.String(), PayloadBytes: PayloadSize, Messages: msgs, Seed: seed, Notes: s.Notes}
 	for _, m := range s.Members {
 		p.Members = append(p.Members, m.describe())
@@ -118,9 +133,10 @@ func (m Member) describe() string {
 
 // buildResult computes a run's statistics from its deliveries. Only the
 // first dequeue of each message counts for latency; later ones are
-// duplicates.
-func buildResult(s Scenario, system string, repeat int, sent int, seed uint64, all []Delivery) RunResult {
-	r := RunResult{Scenario: s.ID, System: system, Repeat: repeat, Params: paramsOf(s, sent, seed), Sent: sent}
+// duplicates. trace is the run's arrival trace (the oracle replays it for
+// the join comparison).
+func buildResult(s Scenario, kind, system string, repeat int, trace []time.Duration, sent int, seed uint64, all []Delivery) RunResult {
+	r := RunResult{Scenario: s.ID, Subscriber: kind, System: system, Repeat: repeat, Params: paramsOf(s, kind, sent, seed), Sent: sent}
 	sorted := append([]Delivery(nil), all...)
 	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].Start < sorted[j].Start })
 	seen := make(map[int]bool, len(sorted))
@@ -148,7 +164,11 @@ func buildResult(s Scenario, system string, repeat int, sent int, seed uint64, a
 		span = max(span, d.Start)
 	}
 	r.Overall = Summarise(overall)
-	r.Adaptation = adaptation(s, first)
+	var oracle []Delivery
+	if s.EventAt > 0 && len(trace) > 0 {
+		oracle = Oracle(s, trace)
+	}
+	r.Adaptation = adaptation(s, first, oracle)
 	for i, m := range s.Members {
 		sr := SubscriberResult{Member: i + 1, Service: m.describe(), LatencyStats: Summarise(per[i])}
 		if span > 0 {
@@ -164,12 +184,127 @@ type sharedOptions struct {
 	brokers      brokerStarter
 	drainTimeout time.Duration
 	logDir       string
+	// ackInterval is paho's SendAcksInterval for the paho kinds at QoS 1
+	// (0: paho's default).
+	ackInterval time.Duration
 }
 
-// runLive runs scenario s once on a live system and returns its result.
-func runLive(ctx context.Context, s Scenario, system string, repeat int, seed uint64, trace []time.Duration, o sharedOptions) (RunResult, error) {
+// liveRun is the shared state of one live run: the clock, the deliveries
+// and the notes.
+type liveRun struct {
+	s     Scenario
+	trace []time.Duration
+
+	mu   sync.Mutex
+	t0   time.Time
+	ds   []Delivery
+	dead []bool
+
+	notesMu sync.Mutex
+	notes   []string
+}
+
+func (lr *liveRun) base() time.Time {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	return lr.t0
+}
+
+func (lr *liveRun) note(format string, a ...any) {
+	lr.notesMu.Lock()
+	lr.notes = append(lr.notes, fmt.Sprintf(format, a...))
+	lr.notesMu.Unlock()
+}
+
+// memberWorker serves one member's messages on a drift-free virtual
+// schedule (clientsdk.ServiceEmulator) and records their dequeue times.
+// One goroutine uses it at a time: the member's single worker.
+type memberWorker struct {
+	run     *liveRun
+	i       int
+	emu     *clientsdk.ServiceEmulator
+	lastEnd time.Time
+}
+
+// serve processes the message with payload, which became ready (was
+// received) at ready, for the member's service time at its start, and
+// returns that service time.
+func (w *memberWorker) serve(ctx context.Context, payload []byte, ready time.Time) (time.Duration, error) {
+	seq, sentAt, ok := decodePayload(payload)
+	if !ok {
+		return 0, nil
+	}
+	base := w.run.base()
+	start := ready
+	if w.lastEnd.After(start) {
+		start = w.lastEnd
+	}
+	d := w.run.s.Members[w.i].serviceAt(start.Sub(base))
+	vstart, err := w.emu.Serve(ctx, ready, d)
+	w.lastEnd = vstart.Add(d)
+	// The publish time is the scheduled one: if the broker holds the
+	// publisher back, that wait is part of the latency.
+	sent := sentAt.Sub(base)
+	if seq >= 0 && seq < len(w.run.trace) {
+		sent = w.run.trace[seq]
+	}
+	w.run.mu.Lock()
+	if !w.run.dead[w.i] {
+		w.run.ds = append(w.run.ds, Delivery{Seq: seq, Member: w.i, Sent: sent, Start: vstart.Sub(base)})
+	}
+	w.run.mu.Unlock()
+	return d, err
+}
+
+// memberStats is what a run reports of a member at its end.
+type memberStats struct {
+	ReportVia   string
+	ReportsSent uint64
+	// Lost says the connection ended while the member was not closing
+	// (paho kinds, which do not reconnect).
+	Lost bool
+}
+
+// liveMember is one shared-subscription member of a live run, of any
+// subscriber kind.
+type liveMember interface {
+	// Start connects and subscribes.
+	Start(ctx context.Context) error
+	// Busy reports whether messages are queued or being processed.
+	Busy() bool
+	Stats() memberStats
+	// Close stops gracefully.
+	Close(ctx context.Context)
+	// Crash stops without a goodbye after the member's connection was cut.
+	Crash()
+}
+
+// sdkMember is a LuffyMQ SDK subscriber.
+type sdkMember struct{ sub *clientsdk.Subscriber }
+
+func (m sdkMember) Start(ctx context.Context) error { return m.sub.Start(ctx) }
+func (m sdkMember) Busy() bool {
+	st := m.sub.Stats()
+	return st.Pending > 0 || st.InFlight > 0
+}
+func (m sdkMember) Stats() memberStats {
+	st := m.sub.Stats()
+	return memberStats{ReportVia: string(st.ReportVia), ReportsSent: st.ReportsSent}
+}
+func (m sdkMember) Close(ctx context.Context) { _ = m.sub.Close(ctx) }
+func (m sdkMember) Crash() {
+	// The process is gone: its queue and unacknowledged work with it.
+	cctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	go func() { _ = m.sub.Close(cctx) }()
+}
+
+// runLive runs scenario s once on a live system with subscribers of kind
+// and returns its result.
+func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, seed uint64, trace []time.Duration, o sharedOptions) (RunResult, error) {
 	wallStart := time.Now()
-	logName := fmt.Sprintf("%s-%s-r%d", s.ID, system, repeat)
+	qos := kindQoS(s, kind)
+	logName := fmt.Sprintf("%s-%s-%s-r%d", s.ID, kind, system, repeat)
 	logFile, err := os.Create(filepath.Join(o.logDir, logName+".clients.log"))
 	if err != nil {
 		return RunResult{}, fmt.Errorf("client log: %w", err)
@@ -188,28 +323,18 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 	runID := hex.EncodeToString(tag[:])
 	topic := fmt.Sprintf("bench/%s/%s", s.ID, runID)
 
+	lr := &liveRun{s: s, trace: trace, dead: make([]bool, len(s.Members))}
 	var (
-		mu     sync.Mutex
-		ds     []Delivery
-		t0     time.Time
-		dead   = make([]bool, len(s.Members))
-		subs   = make([]*clientsdk.Subscriber, len(s.Members))
-		prox   = make([]*cutProxy, len(s.Members))
-		notes  []string
-		errsMu sync.Mutex
+		membersMu sync.Mutex
+		members   = make([]liveMember, len(s.Members))
+		prox      = make([]*cutProxy, len(s.Members))
 	)
-	note := func(format string, a ...any) {
-		errsMu.Lock()
-		notes = append(notes, fmt.Sprintf(format, a...))
-		errsMu.Unlock()
-	}
 	crash := false
 	for _, m := range s.Members {
 		crash = crash || m.CrashAt > 0
 	}
 
-	newSub := func(i int) (*clientsdk.Subscriber, error) {
-		m := s.Members[i]
+	newMember := func(i int) (liveMember, error) {
 		addr := br.Addr()
 		if crash {
 			p, err := newCutProxy(br.Addr())
@@ -219,74 +344,65 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 			prox[i] = p
 			addr = p.Addr()
 		}
-		emu := &clientsdk.ServiceEmulator{Lanes: 1, Seed: seed + uint64(i)}
-		var lastEnd time.Time
+		w := &memberWorker{run: lr, i: i, emu: &clientsdk.ServiceEmulator{Lanes: 1, Seed: seed + uint64(i)}}
+		clientID := fmt.Sprintf("bench-%s-m%d", runID, i+1)
+		mlog := logger.With("member", i+1, "kind", kind)
+		if kind != KindSDK {
+			return newPahoMember(pahoMemberConfig{Kind: kind, Addr: addr, ClientID: clientID, Filter: "$share/g/" + topic,
+				QoS: qos, ReportInterval: s.ReportInterval, AckInterval: o.ackInterval, Worker: w, Logger: mlog})
+		}
 		handler := func(hctx context.Context, msg *clientsdk.Message) error {
-			seq, sentAt, ok := decodePayload(msg.Payload)
-			if !ok {
-				return nil
-			}
-			mu.Lock()
-			base := t0
-			mu.Unlock()
-			ready := msg.ReceivedAt
-			start := ready
-			if lastEnd.After(start) {
-				start = lastEnd
-			}
-			d := m.serviceAt(start.Sub(base))
-			vstart, err := emu.Serve(hctx, ready, d)
-			lastEnd = vstart.Add(d)
-			// The publish time is the scheduled one: if the broker holds the
-			// publisher back, that wait is part of the latency.
-			sent := sentAt.Sub(base)
-			if seq >= 0 && seq < len(trace) {
-				sent = trace[seq]
-			}
-			mu.Lock()
-			if !dead[i] {
-				ds = append(ds, Delivery{Seq: seq, Member: i, Sent: sent, Start: vstart.Sub(base)})
-			}
-			mu.Unlock()
+			_, err := w.serve(hctx, msg.Payload, msg.ReceivedAt)
 			return err
 		}
-		return clientsdk.NewSubscriber(clientsdk.SubscriberConfig{
+		sub, err := clientsdk.NewSubscriber(clientsdk.SubscriberConfig{
 			ConnectionConfig: clientsdk.ConnectionConfig{
 				Brokers:  []string{"mqtt://" + addr},
-				ClientID: fmt.Sprintf("bench-%s-m%d", runID, i+1),
-				Logger:   logger.With("member", i+1),
+				ClientID: clientID,
+				Logger:   mlog,
 			},
 			Group:         "g",
 			Filters:       []string{topic},
-			QoS:           s.QoS,
+			QoS:           qos,
 			Handler:       handler,
 			Workers:       1,
 			QueueCapacity: 10000,
 			MaxAttempts:   1,
 		})
+		if err != nil {
+			return nil, err
+		}
+		return sdkMember{sub}, nil
 	}
-	startSub := func(i int) error {
-		sub, err := newSub(i)
+	startMember := func(i int) error {
+		m, err := newMember(i)
 		if err != nil {
 			return fmt.Errorf("member %d: %w", i+1, err)
 		}
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if err := sub.Start(sctx); err != nil {
+		if err := m.Start(sctx); err != nil {
 			return fmt.Errorf("member %d: %w", i+1, err)
 		}
-		mu.Lock()
-		subs[i] = sub
-		mu.Unlock()
+		membersMu.Lock()
+		members[i] = m
+		membersMu.Unlock()
 		return nil
+	}
+	snapshot := func() ([]liveMember, []bool) {
+		membersMu.Lock()
+		cur := append([]liveMember(nil), members...)
+		membersMu.Unlock()
+		lr.mu.Lock()
+		dead := append([]bool(nil), lr.dead...)
+		lr.mu.Unlock()
+		return cur, dead
 	}
 	closeAll := func() {
 		var wg sync.WaitGroup
-		mu.Lock()
-		ss := append([]*clientsdk.Subscriber(nil), subs...)
-		mu.Unlock()
-		for i, sub := range ss {
-			if sub == nil || dead[i] {
+		cur, dead := snapshot()
+		for i, m := range cur {
+			if m == nil || dead[i] {
 				continue
 			}
 			wg.Add(1)
@@ -294,7 +410,7 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 				defer wg.Done()
 				cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				_ = sub.Close(cctx)
+				m.Close(cctx)
 			}()
 		}
 		wg.Wait()
@@ -308,7 +424,7 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 
 	for i, m := range s.Members {
 		if m.JoinAt == 0 {
-			if err := startSub(i); err != nil {
+			if err := startMember(i); err != nil {
 				return RunResult{}, err
 			}
 		}
@@ -329,9 +445,10 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 
 	// Let subscriptions settle on every broker before the clock starts.
 	time.Sleep(200 * time.Millisecond)
-	mu.Lock()
-	t0 = time.Now().Add(50 * time.Millisecond)
-	mu.Unlock()
+	lr.mu.Lock()
+	lr.t0 = time.Now().Add(50 * time.Millisecond)
+	t0 := lr.t0
+	lr.mu.Unlock()
 
 	var events sync.WaitGroup
 	eventCtx, stopEvents := context.WithCancel(ctx)
@@ -345,8 +462,8 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 				if timeutil.SleepUntil(eventCtx, t0.Add(m.JoinAt)) != nil {
 					return
 				}
-				if err := startSub(i); err != nil {
-					note("member %d could not join: %v", i+1, err)
+				if err := startMember(i); err != nil {
+					lr.note("member %d could not join: %v", i+1, err)
 				}
 			}()
 		case m.CrashAt > 0:
@@ -356,15 +473,16 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 				if timeutil.SleepUntil(eventCtx, t0.Add(m.CrashAt)) != nil {
 					return
 				}
-				mu.Lock()
-				dead[i] = true
-				sub := subs[i]
-				mu.Unlock()
+				lr.mu.Lock()
+				lr.dead[i] = true
+				lr.mu.Unlock()
+				membersMu.Lock()
+				member := members[i]
+				membersMu.Unlock()
 				prox[i].Kill()
-				// The process is gone: its queue and unacknowledged work with it.
-				cctx, cancel := context.WithCancel(context.Background())
-				cancel()
-				go func() { _ = sub.Close(cctx) }()
+				if member != nil {
+					member.Crash()
+				}
 			}()
 		}
 	}
@@ -379,7 +497,7 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 		now := time.Now()
 		maxLag = max(maxLag, now.Sub(t0.Add(off)))
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := pub.Publish(qctx, topic, encodePayload(seq, now), clientsdk.PublishOptions{QoS: s.QoS})
+		err := pub.Publish(qctx, topic, encodePayload(seq, now), clientsdk.PublishOptions{QoS: qos})
 		cancel()
 		if err != nil {
 			pubErrs++
@@ -388,7 +506,7 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 		sent++
 	}
 	if pubErrs > 0 {
-		note("%d publishes failed", pubErrs)
+		lr.note("%d publishes failed", pubErrs)
 	}
 	stopEvents()
 	events.Wait()
@@ -400,20 +518,18 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 	lastCount := -1
 	timedOut := false
 	for {
-		mu.Lock()
-		distinct := countDistinct(ds)
-		n := len(ds)
-		ss := append([]*clientsdk.Subscriber(nil), subs...)
-		deadNow := append([]bool(nil), dead...)
-		mu.Unlock()
+		lr.mu.Lock()
+		distinct := countDistinct(lr.ds)
+		n := len(lr.ds)
+		lr.mu.Unlock()
 		if distinct >= sent {
 			break
 		}
+		cur, dead := snapshot()
 		busy := false
-		for i, sub := range ss {
-			if sub != nil && !deadNow[i] {
-				st := sub.Stats()
-				busy = busy || st.Pending > 0 || st.InFlight > 0
+		for i, m := range cur {
+			if m != nil && !dead[i] {
+				busy = busy || m.Busy()
 			}
 		}
 		now := time.Now()
@@ -430,48 +546,58 @@ func runLive(ctx context.Context, s Scenario, system string, repeat int, seed ui
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	mu.Lock()
-	var via []string
-	for i, sub := range subs {
-		if sub == nil {
+	final, _ := snapshot()
+	stats := make([]memberStats, len(final))
+	var via, lost []string
+	for i, m := range final {
+		if m == nil {
 			continue
 		}
-		st := sub.Stats()
-		if st.ReportVia != clientsdk.ReportViaPingreq {
-			via = append(via, fmt.Sprintf("member %d: %s", i+1, st.ReportVia))
+		stats[i] = m.Stats()
+		if kind == KindSDK && stats[i].ReportVia != string(clientsdk.ReportViaPingreq) {
+			via = append(via, fmt.Sprintf("member %d: %s", i+1, stats[i].ReportVia))
+		}
+		if stats[i].Lost && s.Members[i].CrashAt == 0 {
+			lost = append(lost, fmt.Sprintf("member %d", i+1))
 		}
 	}
-	stats := make([]clientsdk.Stats, len(subs))
-	for i, sub := range subs {
-		if sub != nil {
-			stats[i] = sub.Stats()
-		}
-	}
-	all := append([]Delivery(nil), ds...)
-	mu.Unlock()
+	lr.mu.Lock()
+	all := append([]Delivery(nil), lr.ds...)
+	lr.mu.Unlock()
 
-	r := buildResult(s, system, repeat, sent, seed, all)
+	r := buildResult(s, kind, system, repeat, trace, sent, seed, all)
 	for i := range r.PerSub {
-		r.PerSub[i].ReportVia = string(stats[i].ReportVia)
+		r.PerSub[i].ReportVia = stats[i].ReportVia
 		r.PerSub[i].ReportsSent = stats[i].ReportsSent
 	}
 	r.DrainTimedOut = timedOut
 	r.PublisherMaxLagMs = ms(maxLag)
 	if maxLag > 100*time.Millisecond {
-		note("the publisher fell up to %.0f ms behind its schedule (the broker held its PUBLISHes back); latency counts from the scheduled publish time", ms(maxLag))
+		lr.note("the publisher fell up to %.0f ms behind its schedule (the broker held its PUBLISHes back); latency counts from the scheduled publish time", ms(maxLag))
 	}
 	if timedOut {
-		note("drain timed out after %s with %d messages not dequeued", o.drainTimeout, r.Lost)
+		lr.note("drain timed out after %s with %d messages not dequeued", o.drainTimeout, r.Lost)
 	}
-	if len(via) == 0 && (system == SystemMosquitto || system == SystemMochi) {
-		note("%s accepted the extended PINGREQs (PINGRESP, no disconnection): the SDK kept reporting over them and the broker ignored the reports", system)
+	reports := kind == KindSDK || kind == KindThesisReporter || kind == KindTimerReporter
+	if reports && len(via) == 0 && len(lost) == 0 && (system == SystemMosquitto || system == SystemMochi) {
+		lr.note("%s accepted the extended PINGREQs (PINGRESP, no disconnection) and ignored the reports", system)
 	}
 	if len(via) > 0 {
-		note("reports fell back to PUBLISH (%s): the broker closed the connection on an extended PINGREQ", strings.Join(via, ", "))
+		lr.note("reports fell back to PUBLISH (%s): the broker closed the connection on an extended PINGREQ", strings.Join(via, ", "))
 	}
-	errsMu.Lock()
-	r.Notes = append(r.Notes, notes...)
-	errsMu.Unlock()
+	if len(lost) > 0 {
+		lr.note("the broker closed the connection of %s (a paho member does not reconnect)", strings.Join(lost, ", "))
+	}
+	if kind != KindSDK && qos > 0 {
+		iv := "paho's default, 50 ms"
+		if o.ackInterval > 0 {
+			iv = o.ackInterval.String()
+		}
+		lr.note("paho sends the acknowledgements of processed messages in arrival order every SendAcksInterval (%s)", iv)
+	}
+	lr.notesMu.Lock()
+	r.Notes = append(r.Notes, lr.notes...)
+	lr.notesMu.Unlock()
 	r.WallSeconds = time.Since(wallStart).Seconds()
 	return r, nil
 }

@@ -96,7 +96,7 @@ func TestScenarioTableRatioColumns(t *testing.T) {
 			adaptive = l
 		case strings.HasPrefix(l, "| mosquitto "):
 			mosq = l
-		case strings.HasPrefix(l, "| oracle "):
+		case strings.HasPrefix(l, "| "+OracleName+" "):
 			oracle = l
 		}
 	}
@@ -142,7 +142,7 @@ func TestBuildResultCountsLostAndDuplicates(t *testing.T) {
 		{Seq: 1, Member: 1, Sent: 0, Start: 2 * time.Millisecond},
 		{Seq: 1, Member: 0, Sent: 0, Start: 5 * time.Millisecond}, // redelivery
 	}
-	r := buildResult(s, "luffymq-adaptive", 1, 4, 1, ds)
+	r := buildResult(s, KindSDK, "luffymq-adaptive", 1, nil, 4, 1, ds)
 	require.Equal(t, 2, r.Dequeued)
 	require.Equal(t, 2, r.Lost)
 	require.Equal(t, 1, r.Duplicated)

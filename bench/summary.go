@@ -7,9 +7,12 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
-// aggregate is the medians over repeats of one system in one scenario.
+// aggregate is the medians over repeats of one system in one scenario with
+// one subscriber kind.
 type aggregate struct {
 	System     string
 	Runs       int
@@ -23,14 +26,18 @@ type aggregate struct {
 	Undrained  int // runs whose drain timed out
 	Notes      []string
 	Recovery   float64 // median RecoveryS (NaN if none)
-	NewFairS   float64
+	GoalS      float64
 	NewMaxMs   float64
 	NewMeanMs  float64
 	FairShare  float64
-	ReportsVia []string
+	ShareEarly float64 // median newcomer share in the first 2 s
+	OracleEarl float64 // median oracle share in the same window
+	ShareRatio float64 // median of the per-run ratios
+	ShareWinS  float64
 }
 
-// aggregateRuns groups runs of one scenario by system, in report order.
+// aggregateRuns groups runs of one scenario and one subscriber kind by
+// system, in report order.
 func aggregateRuns(runs []RunResult) []aggregate {
 	by := map[string][]RunResult{}
 	for _, r := range runs {
@@ -94,22 +101,44 @@ func aggregateRuns(runs []RunResult) []aggregate {
 				}
 			}
 		}
-		adapt := func(f func(*Adaptation) float64) float64 {
+		// adapt takes the median of an Adaptation field; negative values
+		// mean "no data" except where keepNegative (recovery: -1 = never).
+		adapt := func(keepNegative bool, f func(*Adaptation) float64) float64 {
 			return col(func(r RunResult) float64 {
 				if r.Adaptation == nil {
 					return math.NaN()
 				}
-				return f(r.Adaptation)
+				v := f(r.Adaptation)
+				if v < 0 && !keepNegative {
+					return math.NaN()
+				}
+				return v
 			})
 		}
-		a.Recovery = adapt(func(x *Adaptation) float64 { return x.RecoveryS })
-		a.NewFairS = adapt(func(x *Adaptation) float64 { return x.NewcomerFairS })
-		a.NewMaxMs = adapt(func(x *Adaptation) float64 { return x.NewcomerMaxMs })
-		a.NewMeanMs = adapt(func(x *Adaptation) float64 { return x.NewcomerMeanMs })
-		a.FairShare = adapt(func(x *Adaptation) float64 { return x.NewcomerFairShare })
+		a.Recovery = adapt(true, func(x *Adaptation) float64 { return neverAsInf(x.RecoveryS) })
+		if math.IsInf(a.Recovery, 1) {
+			a.Recovery = -1
+		}
+		a.GoalS = adapt(false, func(x *Adaptation) float64 { return x.GoalS })
+		a.NewMaxMs = adapt(false, func(x *Adaptation) float64 { return x.NewcomerMaxMs })
+		a.NewMeanMs = adapt(false, func(x *Adaptation) float64 { return x.NewcomerMeanMs })
+		a.FairShare = adapt(false, func(x *Adaptation) float64 { return x.NewcomerFairShare })
+		a.ShareEarly = adapt(false, func(x *Adaptation) float64 { return x.NewcomerShareEarly })
+		a.OracleEarl = adapt(false, func(x *Adaptation) float64 { return x.OracleShareEarly })
+		a.ShareRatio = adapt(false, func(x *Adaptation) float64 { return x.ShareRatio })
+		a.ShareWinS = adapt(false, func(x *Adaptation) float64 { return x.ShareWindowS })
 		out = append(out, a)
 	}
 	return out
+}
+
+// neverAsInf maps a recovery of -1 (never recovered) to +Inf so that the
+// median orders it after every finite recovery time.
+func neverAsInf(v float64) float64 {
+	if v < 0 {
+		return math.Inf(1)
+	}
+	return v
 }
 
 func findAgg(aggs []aggregate, system string) *aggregate {
@@ -121,14 +150,20 @@ func findAgg(aggs []aggregate, system string) *aggregate {
 	return nil
 }
 
-// scenarioTable renders one scenario's markdown table.
+// displaySystem is a system's name in summaries: the oracle is named for
+// what it is.
+func displaySystem(system string) string {
+	if system == SystemOracle {
+		return OracleName
+	}
+	return system
+}
+
+// scenarioTable renders the markdown table of one scenario with one
+// subscriber kind.
 func scenarioTable(aggs []aggregate) string {
 	var b strings.Builder
 	mosq, orc := findAgg(aggs, SystemMosquitto), findAgg(aggs, SystemOracle)
-	nsub := 0
-	for _, a := range aggs {
-		nsub = max(nsub, len(a.SubMean))
-	}
 	b.WriteString("| system | runs | mean ms | p50 ms | p99 ms | max ms | mean per subscriber ms | msgs/s per subscriber | lost | dup | mean ÷ Mosquitto | mean ÷ oracle |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, a := range aggs {
@@ -159,10 +194,64 @@ func scenarioTable(aggs []aggregate) string {
 			dup += fmt.Sprintf(" (max %d)", a.DupMax)
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			a.System, a.Runs, fmtMs(a.Overall.Mean), fmtMs(a.Overall.P50), fmtMs(a.Overall.P99), fmtMs(a.Overall.Max),
+			displaySystem(a.System), a.Runs, fmtMs(a.Overall.Mean), fmtMs(a.Overall.P50), fmtMs(a.Overall.P99), fmtMs(a.Overall.Max),
 			strings.Join(subs, " / "), strings.Join(rates, " / "), lost, dup, ratio(mosq), ratio(orc))
 	}
 	return b.String()
+}
+
+// kindsTable renders one scenario's overall mean and p99 per system (rows)
+// and subscriber kind (columns).
+func kindsTable(byKind map[string][]aggregate) string {
+	kinds := sortedKinds(byKind)
+	var systems []string
+	seen := map[string]bool{}
+	for _, k := range kinds {
+		for _, a := range byKind[k] {
+			if !seen[a.System] {
+				seen[a.System] = true
+				systems = append(systems, a.System)
+			}
+		}
+	}
+	sort.Slice(systems, func(i, j int) bool { return systemOrder(systems[i]) < systemOrder(systems[j]) })
+	var b strings.Builder
+	b.WriteString("| system |")
+	for _, k := range kinds {
+		fmt.Fprintf(&b, " %s: mean / p99 ms |", k)
+	}
+	b.WriteString("\n|---|")
+	for range kinds {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, sys := range systems {
+		fmt.Fprintf(&b, "| %s |", displaySystem(sys))
+		for _, k := range kinds {
+			if a := findAgg(byKind[k], sys); a != nil {
+				fmt.Fprintf(&b, " %s / %s |", fmtMs(a.Overall.Mean), fmtMs(a.Overall.P99))
+			} else {
+				b.WriteString(" — |")
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// sortedKinds returns the kinds of byKind in report order.
+func sortedKinds[V any](byKind map[string]V) []string {
+	kinds := make([]string, 0, len(byKind))
+	for k := range byKind {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool {
+		if kindOrder(kinds[i]) != kindOrder(kinds[j]) {
+			return kindOrder(kinds[i]) < kindOrder(kinds[j])
+		}
+		return kinds[i] < kinds[j]
+	})
+	return kinds
 }
 
 // goal is one reported goal.
@@ -184,100 +273,147 @@ func metIf(ok bool) string {
 	return "missed"
 }
 
-// sharedGoals evaluates the set-A goals from aggregated results.
-func sharedGoals(byScenario map[string][]aggregate) []goal {
+// sharedGoals evaluates the set-A goals from aggregated results, keyed by
+// scenario, then subscriber kind; each goal is evaluated for every kind
+// the scenario ran with.
+func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 	var gs []goal
 	notMeasured := func(text, why string) {
 		gs = append(gs, goal{Text: text, Status: "not measured", Detail: why})
 	}
-	if aggs, ok := byScenario["thesis-2"]; ok {
-		ad, th, mq, orc := findAgg(aggs, "luffymq-adaptive"), findAgg(aggs, "luffymq-thesis"), findAgg(aggs, SystemMosquitto), findAgg(aggs, SystemOracle)
-		if ad == nil {
-			notMeasured("thesis-2 goals", "luffymq-adaptive was not run")
-		} else {
+	label := func(id, kind string) string { return fmt.Sprintf("%s (%s subscribers)", id, kind) }
+
+	if byKind, ok := byScenario["thesis-2"]; ok {
+		for _, kind := range sortedKinds(byKind) {
+			aggs := byKind[kind]
+			l := label("thesis-2", kind)
+			ad, th, mq, orc := findAgg(aggs, "luffymq-adaptive"), findAgg(aggs, "luffymq-thesis"), findAgg(aggs, SystemMosquitto), findAgg(aggs, SystemOracle)
+			if ad == nil {
+				notMeasured(l+" goals", "luffymq-adaptive was not run")
+				continue
+			}
 			m, p := ad.Overall.Mean, ad.Overall.P99
-			gs = append(gs, goal{"thesis-2: adaptive mean ≤ 8 ms and p99 ≤ 25 ms", metIf(m <= 8 && p <= 25),
+			gs = append(gs, goal{l + ": adaptive mean ≤ 8 ms and p99 ≤ 25 ms", metIf(m <= 8 && p <= 25),
 				fmt.Sprintf("mean %s ms, p99 %s ms (median of %d runs)", fmtMs(m), fmtMs(p), ad.Runs)})
 			if th != nil {
 				r := Ratio(th.Overall.Mean, m)
-				gs = append(gs, goal{"thesis-2: adaptive mean ≥ 3× lower than thesis", metIf(r >= 3),
+				gs = append(gs, goal{l + ": adaptive mean ≥ 3× lower than thesis", metIf(r >= 3),
 					fmt.Sprintf("thesis %s ms ÷ adaptive %s ms = %s", fmtMs(th.Overall.Mean), fmtMs(m), fmtRatio(r))})
 			} else {
-				notMeasured("thesis-2: ≥ 3× lower mean than thesis", "luffymq-thesis not run")
+				notMeasured(l+": ≥ 3× lower mean than thesis", "luffymq-thesis not run")
 			}
 			if mq != nil {
 				r := Ratio(mq.Overall.Mean, m)
-				gs = append(gs, goal{"thesis-2: adaptive mean ≥ 100× lower than Mosquitto", metIf(r >= 100),
+				gs = append(gs, goal{l + ": adaptive mean ≥ 100× lower than Mosquitto", metIf(r >= 100),
 					fmt.Sprintf("Mosquitto %s ms ÷ adaptive %s ms = %s", fmtMs(mq.Overall.Mean), fmtMs(m), fmtRatio(r))})
 			} else {
-				notMeasured("thesis-2: ≥ 100× lower mean than Mosquitto", "mosquitto not run")
+				notMeasured(l+": ≥ 100× lower mean than Mosquitto", "mosquitto not run")
 			}
 			if orc != nil {
 				r := Ratio(m, orc.Overall.Mean)
-				gs = append(gs, goal{"thesis-2: adaptive mean within 2× of the oracle", metIf(r <= 2),
+				gs = append(gs, goal{l + ": adaptive mean within 2× of the " + OracleName, metIf(r <= 2),
 					fmt.Sprintf("adaptive %s ms ÷ oracle %s ms = %s", fmtMs(m), fmtMs(orc.Overall.Mean), fmtRatio(r))})
 			} else {
-				notMeasured("thesis-2: within 2× of the oracle", "oracle not run")
+				notMeasured(l+": within 2× of the oracle", "oracle not run")
 			}
 		}
 	} else {
 		notMeasured("thesis-2 goals", "scenario not run")
 	}
-	if aggs, ok := byScenario["thesis-1"]; ok {
-		ad, rr := findAgg(aggs, "luffymq-adaptive"), findAgg(aggs, "luffymq-round-robin")
-		if ad != nil && rr != nil {
+	if byKind, ok := byScenario["thesis-1"]; ok {
+		for _, kind := range sortedKinds(byKind) {
+			aggs := byKind[kind]
+			l := label("thesis-1", kind)
+			ad, rr := findAgg(aggs, "luffymq-adaptive"), findAgg(aggs, "luffymq-round-robin")
+			if ad == nil || rr == nil {
+				notMeasured(l+": adaptive within 1 ms of round robin", "needs luffymq-adaptive and luffymq-round-robin")
+				continue
+			}
 			d := ad.Overall.Mean - rr.Overall.Mean
-			gs = append(gs, goal{"thesis-1: adaptive mean within 1 ms of round robin", metIf(math.Abs(d) <= 1),
+			gs = append(gs, goal{l + ": adaptive mean within 1 ms of round robin", metIf(math.Abs(d) <= 1),
 				fmt.Sprintf("adaptive %s ms, round-robin %s ms (difference %+.2f ms)", fmtMs(ad.Overall.Mean), fmtMs(rr.Overall.Mean), d)})
-		} else {
-			notMeasured("thesis-1: adaptive within 1 ms of round robin", "needs luffymq-adaptive and luffymq-round-robin")
 		}
 	} else {
 		notMeasured("thesis-1: adaptive within 1 ms of round robin", "scenario not run")
 	}
-	if aggs, ok := byScenario["step"]; ok {
-		if ad := findAgg(aggs, "luffymq-adaptive"); ad != nil {
-			rec := ad.Recovery
-			detail := fmt.Sprintf("rolling p99 (500 ms windows) back under 50 ms %.1f s after the slow-down (median of %d runs; 2 report intervals = 2 s)", rec, ad.Runs)
-			if rec < 0 {
-				detail = "rolling p99 never came back under 50 ms"
-			} else if rec == 0 {
-				detail = "rolling p99 never exceeded 50 ms after the slow-down"
+	if byKind, ok := byScenario["step"]; ok {
+		for _, kind := range sortedKinds(byKind) {
+			aggs := byKind[kind]
+			text := label("step", kind) + ": rolling p99 back under 50 ms within 2 report intervals of the slow-down"
+			ad := findAgg(aggs, "luffymq-adaptive")
+			if ad == nil {
+				notMeasured(text, "luffymq-adaptive not run")
+				continue
 			}
-			gs = append(gs, goal{"step: p99 back under 50 ms within 2 report intervals", metIf(rec >= 0 && rec <= 2), detail + othersRecovery(aggs)})
-		} else {
-			notMeasured("step goal", "luffymq-adaptive not run")
+			goalS := ad.GoalS
+			if math.IsNaN(goalS) {
+				goalS = 2
+			}
+			detail := fmt.Sprintf("adaptive: %s (median of %d runs; goal ≤ %s); %s%s", recoveryText(ad.Recovery), ad.Runs, secs(goalS), rollingP99Definition, othersRecovery(aggs))
+			gs = append(gs, goal{text, metIf(ad.Recovery >= 0 && ad.Recovery <= goalS), detail})
 		}
 	} else {
-		notMeasured("step: p99 back under 50 ms within 2 report intervals", "scenario not run")
+		notMeasured("step: rolling p99 back under 50 ms within 2 report intervals", "scenario not run")
 	}
-	if aggs, ok := byScenario["join"]; ok {
-		if ad := findAgg(aggs, "luffymq-adaptive"); ad != nil {
-			fair := ad.NewFairS >= 0 && ad.NewFairS <= 2
-			spike := ad.NewMaxMs <= 50
-			detail := fmt.Sprintf("newcomer reached 90 %% of its capacity share (%.0f %%) after %s; largest latency of a message it took %s ms (mean %s ms)",
-				100*ad.FairShare, secs(ad.NewFairS), fmtMs(ad.NewMaxMs), fmtMs(ad.NewMeanMs))
-			if orc := findAgg(aggs, SystemOracle); orc != nil {
-				detail += fmt.Sprintf("; oracle: share after %s, newcomer max %s ms", secs(orc.NewFairS), fmtMs(orc.NewMaxMs))
+	if byKind, ok := byScenario["join"]; ok {
+		for _, kind := range sortedKinds(byKind) {
+			aggs := byKind[kind]
+			text := fmt.Sprintf("%s: newcomer's worst latency ≤ %.0f ms and its share of the messages within %s of joining ≥ %.0f %% of the oracle's",
+				label("join", kind), joinMaxGoalMs, secs(joinShareWindow.Seconds()), 100*joinShareGoal)
+			ad := findAgg(aggs, "luffymq-adaptive")
+			if ad == nil {
+				notMeasured(text, "luffymq-adaptive not run")
+				continue
 			}
-			gs = append(gs, goal{"join: newcomer takes its fair share within 2 report intervals and is never over-fed (no spike > 50 ms)", metIf(fair && spike), detail})
-		} else {
-			notMeasured("join goal", "luffymq-adaptive not run")
+			ok := ad.NewMaxMs <= joinMaxGoalMs && ad.ShareRatio >= joinShareGoal
+			detail := "adaptive: " + joinText(ad) + fmt.Sprintf(" (median of %d runs)", ad.Runs) + othersJoin(aggs)
+			gs = append(gs, goal{text, metIf(ok), detail})
 		}
 	} else {
-		notMeasured("join: newcomer takes its fair share within 2 report intervals", "scenario not run")
+		notMeasured("join: newcomer's worst latency ≤ 50 ms and share ≥ 90 % of the oracle's within 2 s", "scenario not run")
 	}
-	if aggs, ok := byScenario["crash"]; ok {
-		if ad := findAgg(aggs, "luffymq-adaptive"); ad != nil {
-			gs = append(gs, goal{"crash (QoS 1): 0 lost", metIf(ad.LostMax == 0),
-				fmt.Sprintf("luffymq-adaptive lost %d at most over %d runs (median %.0f), %.0f duplicated", ad.LostMax, ad.Runs, ad.Lost, ad.Dup)})
-		} else {
-			notMeasured("crash goal", "luffymq-adaptive not run")
+	if byKind, ok := byScenario["crash"]; ok {
+		for _, kind := range sortedKinds(byKind) {
+			text := label("crash", kind) + ": 0 lost"
+			if ad := findAgg(byKind[kind], "luffymq-adaptive"); ad != nil {
+				gs = append(gs, goal{text, metIf(ad.LostMax == 0),
+					fmt.Sprintf("luffymq-adaptive lost %d at most over %d runs (median %.0f), %.0f duplicated", ad.LostMax, ad.Runs, ad.Lost, ad.Dup)})
+			} else {
+				notMeasured(text, "luffymq-adaptive not run")
+			}
 		}
 	} else {
 		notMeasured("crash (QoS 1): 0 lost", "scenario not run")
 	}
 	return gs
+}
+
+// rollingP99Definition states the window of the step adaptation time.
+var rollingP99Definition = fmt.Sprintf("adaptation time = time after the change until the rolling p99 (messages published in a %.0f ms window, evaluated every %.0f ms) stays under %.0f ms",
+	ms(adaptationWindow), ms(adaptationStep), adaptationLimit)
+
+func recoveryText(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "—"
+	case v < 0:
+		return "rolling p99 never came back under 50 ms"
+	case v == 0:
+		return "rolling p99 never exceeded 50 ms after the change"
+	}
+	return fmt.Sprintf("back under 50 ms %.1f s after the change", v)
+}
+
+func joinText(a *aggregate) string {
+	return fmt.Sprintf("newcomer worst %s ms (mean %s ms); share of the messages in its first %s %s vs the oracle's %s (ratio %s; capacity share %s)",
+		fmtMs(a.NewMaxMs), fmtMs(a.NewMeanMs), secs(a.ShareWinS), pct(a.ShareEarly), pct(a.OracleEarl), fmtRatio(a.ShareRatio), pct(a.FairShare))
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "—"
+	}
+	return fmt.Sprintf("%.0f %%", 100*v)
 }
 
 func secs(v float64) string {
@@ -300,12 +436,50 @@ func othersRecovery(aggs []aggregate) string {
 		if a.Recovery < 0 {
 			v = "never"
 		}
-		parts = append(parts, a.System+" "+v)
+		parts = append(parts, shortName(a.System)+" "+v)
 	}
 	if len(parts) == 0 {
 		return ""
 	}
 	return "; others: " + strings.Join(parts, ", ")
+}
+
+func othersJoin(aggs []aggregate) string {
+	var parts []string
+	for _, a := range aggs {
+		if a.System == "luffymq-adaptive" || math.IsNaN(a.NewMaxMs) {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s worst %s ms, share ratio %s", shortName(a.System), fmtMs(a.NewMaxMs), fmtRatio(a.ShareRatio)))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; others: " + strings.Join(parts, "; ")
+}
+
+// eventTable renders the step or join adaptation figures of every system.
+func eventTable(s Scenario, aggs []aggregate) string {
+	var b strings.Builder
+	switch s.ID {
+	case "step":
+		fmt.Fprintf(&b, "Adaptation: %s; goal ≤ 2 report intervals.\n\n", rollingP99Definition)
+		b.WriteString("| system | adaptation time |\n|---|---|\n")
+		for _, a := range aggs {
+			fmt.Fprintf(&b, "| %s | %s |\n", displaySystem(a.System), recoveryText(a.Recovery))
+		}
+	case "join":
+		fmt.Fprintf(&b, "Newcomer: worst latency of a message it took (goal ≤ %.0f ms) and its share of the messages published in its first %s, compared with the oracle's share on the same trace (goal ≥ %.0f %%).\n\n",
+			joinMaxGoalMs, secs(joinShareWindow.Seconds()), 100*joinShareGoal)
+		b.WriteString("| system | newcomer worst ms | newcomer mean ms | share in first 2 s | oracle's share | ratio |\n|---|---|---|---|---|---|\n")
+		for _, a := range aggs {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", displaySystem(a.System), fmtMs(a.NewMaxMs), fmtMs(a.NewMeanMs),
+				pct(a.ShareEarly), pct(a.OracleEarl), fmtRatio(a.ShareRatio))
+		}
+	default:
+		return ""
+	}
+	return b.String() + "\n"
 }
 
 // WriteSummary (re)writes dir/summary.md from dir/results.json and
@@ -330,30 +504,31 @@ func WriteSummary(dir string) error {
 	if machine != nil {
 		fmt.Fprintf(&b, "Machine: %s, %d cores, %s, %s. Mosquitto: %s. %s.\n\n", machine.CPU, machine.Cores, machine.GoVersion, machine.OS, orDash(machine.Mosquitto), machine.Mochi)
 	}
-	byScenario := map[string][]aggregate{}
+	byScenario := map[string]map[string][]aggregate{}
+	runsOf := map[string]map[string][]RunResult{}
 	if shared != nil {
 		for i := range shared.Runs {
 			r := &shared.Runs[i]
+			r.Subscriber = normKind(r.Subscriber)
 			r.Overall = r.Overall.unfinite()
 			for j := range r.PerSub {
 				r.PerSub[j].LatencyStats = r.PerSub[j].LatencyStats.unfinite()
 			}
+			if runsOf[r.Scenario] == nil {
+				runsOf[r.Scenario] = map[string][]RunResult{}
+			}
+			runsOf[r.Scenario][r.Subscriber] = append(runsOf[r.Scenario][r.Subscriber], *r)
 		}
-		fmt.Fprintf(&b, "Set A (shared-subscription latency): latency = %s. Service emulation: %s. Every number is the median over the repeats of a run (column *runs*); ratio columns divide medians; msgs/s per subscriber = messages it took ÷ time from the first publish to the last dequeue of the run. Raw runs: `results.json`.\n\n",
-			shared.Latency, shared.Emulation)
+		fmt.Fprintf(&b, "Set A (shared-subscription latency): latency = %s. Service emulation: %s. Results are keyed by (scenario, subscriber kind, system). Every number is the median over the repeats of a run (column *runs*); ratio columns divide medians; msgs/s per subscriber = messages it took ÷ time from the first publish to the last dequeue of the run. *Oracle* everywhere means the %s. Raw runs: `results.json`.\n\n",
+			shared.Latency, shared.Emulation, OracleName)
 		for _, n := range shared.Notes {
 			fmt.Fprintf(&b, "- %s\n", n)
 		}
 		b.WriteString("\n")
-		for _, s := range Scenarios() {
-			var runs []RunResult
-			for _, r := range shared.Runs {
-				if r.Scenario == s.ID {
-					runs = append(runs, r)
-				}
-			}
-			if len(runs) > 0 {
-				byScenario[s.ID] = aggregateRuns(runs)
+		for id, byKind := range runsOf {
+			byScenario[id] = map[string][]aggregate{}
+			for kind, runs := range byKind {
+				byScenario[id][kind] = aggregateRuns(runs)
 			}
 		}
 	}
@@ -367,49 +542,75 @@ func WriteSummary(dir string) error {
 	b.WriteString("\n")
 	if shared != nil {
 		for _, s := range Scenarios() {
-			aggs, ok := byScenario[s.ID]
+			byKind, ok := byScenario[s.ID]
 			if !ok {
 				continue
 			}
-			var p ScenarioParams
-			for _, r := range shared.Runs {
-				if r.Scenario == s.ID {
-					p = r.Params
-					break
-				}
-			}
-			gap := fmt.Sprintf("every %.0f ms", p.GapMs)
+			kinds := sortedKinds(byKind)
+			p := runsOf[s.ID][kinds[0]][0].Params
+			gap := fmt.Sprintf("every %g ms", p.GapMs)
 			if p.Poisson {
-				gap = fmt.Sprintf("exponential gaps, mean %.0f ms", p.GapMs)
+				gap = fmt.Sprintf("exponential gaps, mean %g ms", p.GapMs)
 			}
-			fmt.Fprintf(&b, "## %s\n\nPublisher %s for %.0f s (%d messages of %d B), QoS %d, reports every %s; members: %s. %s\n\n",
-				s.ID, gap, p.DurationS, p.Messages, p.PayloadBytes, p.QoS, p.ReportInterval, strings.Join(p.Members, ", "), p.Notes)
-			b.WriteString(scenarioTable(aggs))
-			b.WriteString("\n")
-			var notes []string
-			for _, a := range aggs {
-				for _, n := range a.Notes {
-					notes = append(notes, a.System+": "+n)
+			notes := ""
+			if p.Notes != "" {
+				notes = " " + upperFirst(p.Notes) + "."
+			}
+			fmt.Fprintf(&b, "## %s\n\nPublisher %s for %g s (%d messages of %d B), reports every %s; members: %s.%s Subscriber kinds: %s.\n\n",
+				s.ID, gap, p.DurationS, p.Messages, p.PayloadBytes, p.ReportInterval, strings.Join(p.Members, ", "), notes, strings.Join(kinds, ", "))
+			if len(kinds) > 1 {
+				b.WriteString("By subscriber kind (medians of each kind's runs):\n\n")
+				b.WriteString(kindsTable(byKind))
+				b.WriteString("\n")
+				if f := kindsPlotFile(s.ID); fileExists(filepath.Join(dir, f)) {
+					fmt.Fprintf(&b, "![%s: mean latency per system and subscriber kind](%s)\n\n", s.ID, f)
 				}
 			}
-			if len(notes) > 0 {
-				for _, n := range notes {
-					fmt.Fprintf(&b, "- %s\n", n)
+			for _, kind := range kinds {
+				aggs := byKind[kind]
+				kp := runsOf[s.ID][kind][0].Params
+				fmt.Fprintf(&b, "### %s · %s subscribers\n\n%s; QoS %d.\n\n", s.ID, kind, upperFirst(kindDescription(kind)), kp.QoS)
+				b.WriteString(scenarioTable(aggs))
+				b.WriteString("\n")
+				b.WriteString(eventTable(s, aggs))
+				var notes []string
+				for _, a := range aggs {
+					for _, n := range a.Notes {
+						notes = append(notes, shortName(a.System)+": "+n)
+					}
+				}
+				if len(notes) > 0 {
+					for _, n := range notes {
+						fmt.Fprintf(&b, "- %s\n", n)
+					}
+					b.WriteString("\n")
+				}
+				for _, img := range scenarioPlots(s.ID, kind) {
+					if fileExists(filepath.Join(dir, img.file)) {
+						fmt.Fprintf(&b, "![%s](%s)\n", img.alt, img.file)
+					}
 				}
 				b.WriteString("\n")
 			}
-			for _, img := range scenarioPlots(s.ID) {
-				if _, err := os.Stat(filepath.Join(dir, img.file)); err == nil {
-					fmt.Fprintf(&b, "![%s](%s)\n", img.alt, img.file)
-				}
-			}
-			b.WriteString("\n")
 		}
 	}
 	if tp != nil {
 		b.WriteString(throughputMarkdown(tp))
 	}
 	return os.WriteFile(filepath.Join(dir, "summary.md"), []byte(b.String()), 0o644)
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func upperFirst(s string) string {
+	r, n := utf8.DecodeRuneInString(s)
+	if n == 0 {
+		return s
+	}
+	return string(unicode.ToUpper(r)) + s[n:]
 }
 
 func orDash(s string) string {
@@ -421,15 +622,23 @@ func orDash(s string) string {
 
 type plotRef struct{ file, alt string }
 
-// scenarioPlots lists the plot files of a scenario.
-func scenarioPlots(id string) []plotRef {
+// plotFile names a plot of a scenario with one subscriber kind.
+func plotFile(id, kind, what string) string {
+	return fmt.Sprintf("%s-%s-%s.png", id, kind, what)
+}
+
+// kindsPlotFile names a scenario's plot comparing subscriber kinds.
+func kindsPlotFile(id string) string { return id + "-subscriber-kinds.png" }
+
+// scenarioPlots lists the plot files of a scenario with one subscriber kind.
+func scenarioPlots(id, kind string) []plotRef {
 	out := []plotRef{
-		{id + "-subscriber-mean.png", id + ": mean latency per subscriber"},
-		{id + "-latency-over-time.png", id + ": latency of each message over time"},
-		{id + "-msgs-per-sec.png", id + ": messages per second per subscriber"},
+		{plotFile(id, kind, "subscriber-mean"), fmt.Sprintf("%s, %s subscribers: mean latency per subscriber", id, kind)},
+		{plotFile(id, kind, "latency-over-time"), fmt.Sprintf("%s, %s subscribers: latency of each message over time", id, kind)},
+		{plotFile(id, kind, "msgs-per-sec"), fmt.Sprintf("%s, %s subscribers: messages per second per subscriber", id, kind)},
 	}
 	if id == "step" || id == "join" || id == "crash" {
-		out = append(out, plotRef{id + "-adaptation.png", id + ": rolling p99 over time"})
+		out = append(out, plotRef{plotFile(id, kind, "adaptation"), fmt.Sprintf("%s, %s subscribers: rolling p99 over time", id, kind)})
 	}
 	return out
 }

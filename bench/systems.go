@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -15,10 +14,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
 )
 
 // runningBroker is a broker started for one run.
@@ -35,6 +30,10 @@ type brokerStarter struct {
 	LuffyMQ string
 	// Mosquitto is the mosquitto binary ("" when not found).
 	Mosquitto string
+	// Self is the luffy-bench executable, started with the
+	// "mochi-server" subcommand to run vanilla Mochi as a process of its
+	// own (a test binary does the same through TestMain).
+	Self string
 	// LogDir receives broker logs.
 	LogDir string
 }
@@ -76,7 +75,12 @@ func (b brokerStarter) start(ctx context.Context, system string, reportInterval 
 		p.cleanup = func() { _ = os.RemoveAll(dir) }
 		return p, nil
 	case system == SystemMochi:
-		return startMochi()
+		if b.Self == "" {
+			return nil, errors.New("mochi: the path of the luffy-bench executable is unknown")
+		}
+		return startProcess(ctx, b.Self, filepath.Join(b.LogDir, logName+".broker.log"), func(addr string) ([]string, error) {
+			return []string{MochiServerCommand, "--listen", addr}, nil
+		})
 	}
 	return nil, fmt.Errorf("no broker for system %q", system)
 }
@@ -216,31 +220,6 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// mochiBroker is vanilla Mochi MQTT v2 in this process: default options, no
-// hooks but allow-all authentication.
-type mochiBroker struct {
-	server *mqtt.Server
-	addr   string
-}
-
-func startMochi() (*mochiBroker, error) {
-	server := mqtt.New(&mqtt.Options{InlineClient: false, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := server.AddHook(new(auth.AllowHook), nil); err != nil {
-		return nil, fmt.Errorf("mochi: %w", err)
-	}
-	tcp := listeners.NewTCP(listeners.Config{ID: "bench", Address: "127.0.0.1:0"})
-	if err := server.AddListener(tcp); err != nil {
-		return nil, fmt.Errorf("mochi: listen: %w", err)
-	}
-	if err := server.Serve(); err != nil {
-		return nil, fmt.Errorf("mochi: serve: %w", err)
-	}
-	return &mochiBroker{server: server, addr: tcp.Address()}, nil
-}
-
-func (m *mochiBroker) Addr() string { return m.addr }
-func (m *mochiBroker) Close() error { return m.server.Close() }
-
 // buildLuffyMQ builds ./cmd/luffymq of the module containing the working
 // directory into dir and returns the binary's path.
 func buildLuffyMQ(ctx context.Context, dir string) (string, error) {
@@ -325,8 +304,4 @@ func (p *cutProxy) Kill() {
 	for _, c := range conns {
 		_ = c.Close()
 	}
-}
-
-func mochiVersion() string {
-	return "Mochi MQTT " + mqtt.Version + " (in-process, default options, allow-all auth hook only)"
 }

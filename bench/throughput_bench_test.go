@@ -11,7 +11,8 @@ import (
 )
 
 // BenchmarkSharedFanInInProcess runs the set-B shared fan-in test against an
-// in-process luffymq (adaptive) and vanilla Mochi, so that
+// in-process luffymq (adaptive) and vanilla Mochi (in process here, unlike
+// luffy-bench throughput, which runs every broker as a process), so that
 // `go test -bench SharedFanIn -cpuprofile cpu.out ./bench/` profiles the
 // broker's hot path. b.N scales the messages per publisher (× 1000).
 func BenchmarkSharedFanInInProcess(b *testing.B) {
@@ -27,7 +28,9 @@ func BenchmarkSharedFanInInProcess(b *testing.B) {
 			}
 			return inProcessLuffy{br}, nil
 		},
-		"mochi": func() (runningBroker, error) { return startMochi() },
+		"mochi": func() (runningBroker, error) {
+			return startVanillaMochi("127.0.0.1:0", logger)
+		},
 	}
 	for _, qos := range []byte{0, 1} {
 		for _, name := range []string{"luffymq-adaptive", "mochi"} {
@@ -39,10 +42,13 @@ func BenchmarkSharedFanInInProcess(b *testing.B) {
 				defer br.Close()
 				cfg := ThroughputConfig{Publishers: 4, SharedMessages: 1000 * b.N, Members: 3, InFlight: 16, Repeat: 1, Timeout: time.Minute}
 				b.ResetTimer()
-				run := runThroughput(context.Background(), ThroughputTest{ID: "shared", Shared: true, QoS: qos}, name, 1, br.Addr(), cfg, logger)
+				run := runThroughput(context.Background(), ThroughputTest{ID: "shared", Shared: true, QoS: qos}, name, 1, br, cfg, logger)
 				b.StopTimer()
 				if run.Error != "" {
 					b.Fatal(run.Error)
+				}
+				if run.Stalled {
+					b.Fatalf("%s stalled after %d of %d deliveries", name, run.Delivered, run.Expected)
 				}
 				b.ReportMetric(run.MsgsPerS, "msgs/s")
 				b.ReportMetric(float64(run.Dropped), "dropped")
