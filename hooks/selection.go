@@ -5,7 +5,6 @@
 package hooks
 
 import (
-	"bytes"
 	"errors"
 	"strconv"
 	"sync"
@@ -157,8 +156,12 @@ func NewSelectionHook(cfg SelectionConfig) (*SelectionHook, error) {
 func (h *SelectionHook) ID() string { return "luffymq-selection" }
 
 // Provides tells Mochi which events the hook handles.
-func (h *SelectionHook) Provides(b byte) bool {
-	return bytes.Contains([]byte{
+func (h *SelectionHook) Provides(b byte) bool { return selectionEvents[b] }
+
+// selectionEvents are the Mochi events the selection hook handles, as a
+// table: Mochi asks on every event it dispatches.
+var selectionEvents = func() (t [256]bool) {
+	for _, e := range []byte{
 		mqtt.OnSessionEstablish,
 		mqtt.OnSessionEstablished,
 		mqtt.OnDisconnect,
@@ -174,8 +177,11 @@ func (h *SelectionHook) Provides(b byte) bool {
 		mqtt.OnQosDropped,
 		mqtt.OnPublishDropped,
 		mqtt.OnACLCheck,
-	}, []byte{b})
-}
+	} {
+		t[e] = true
+	}
+	return t
+}()
 
 // OnACLCheck lets every authenticated client publish its own load report,
 // whatever the ACL says of other topics: the report is consumed by the

@@ -1,0 +1,220 @@
+package hooks_test
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/hooks"
+	"github.com/luffymq/luffymq/scoring"
+)
+
+// TestMochiNextImmediateDeadlockCondition reproduces, deterministically, the
+// deadlock that makes the selection hook turn Mochi 2.7.9's send quota off.
+// With the quota on, the client's reader calls Inflight.NextImmediate after
+// every packet; it read-locks the in-flight store and, inside, GetAll
+// read-locks it again. Go's RWMutex blocks new readers once a writer waits,
+// so a publisher's Inflight.Set arriving between the two read locks waits
+// for the first, and the second waits for the publisher: neither returns.
+//
+// The interleaving cannot be forced inside NextImmediate itself, so the test
+// holds the outer read lock as NextImmediate does, queues a writer exactly
+// as a publisher's Set does, detects the queued writer without timing
+// (TryRLock fails only then), and shows that the inner GetAll cannot
+// proceed. It then releases the outer lock, which NextImmediate could only
+// do after GetAll returned, and everything completes.
+func TestMochiNextImmediateDeadlockCondition(t *testing.T) {
+	inflight := mqtt.NewInflights()
+	inflight.Set(packets.Packet{PacketID: 1, Expiry: -1, FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}})
+
+	inflight.RLock() // NextImmediate's own read lock
+
+	setDone := make(chan struct{})
+	go func() { // a publisher adding a delivery for the same client
+		inflight.Set(packets.Packet{PacketID: 2, FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}})
+		close(setDone)
+	}()
+	require.Eventually(t, func() bool {
+		if inflight.TryRLock() {
+			inflight.RUnlock()
+			return false
+		}
+		return true // a writer is queued: no new reader can enter
+	}, 5*time.Second, time.Millisecond, "the publisher's Set never queued")
+
+	getDone := make(chan struct{})
+	go func() { // NextImmediate's inner call
+		inflight.GetAll(true)
+		close(getDone)
+	}()
+	select {
+	case <-getDone:
+		t.Fatal("GetAll returned while a writer was queued behind the outer read lock")
+	case <-setDone:
+		t.Fatal("Set returned while the outer read lock was held")
+	case <-time.After(50 * time.Millisecond):
+		// Both are blocked, and by construction stay so: the cycle.
+	}
+
+	inflight.RUnlock()
+	<-setDone
+	<-getDone
+	require.Equal(t, 2, inflight.Len())
+}
+
+// TestProvidesOnlyTheHandledEvents: the event table matches the handlers
+// the hook implements, and answering costs no allocation (Mochi asks on
+// every event it dispatches).
+func TestProvidesOnlyTheHandledEvents(t *testing.T) {
+	h := new(hooks.SelectionHook)
+	for _, e := range []byte{mqtt.OnSessionEstablished, mqtt.OnClientExpired, mqtt.OnQosComplete, mqtt.OnSelectSubscribers} {
+		require.True(t, h.Provides(e))
+	}
+	for _, e := range []byte{mqtt.OnConnectAuthenticate, mqtt.OnRetainMessage, mqtt.OnStopped} {
+		require.False(t, h.Provides(e))
+	}
+	require.Zero(t, testing.AllocsPerRun(100, func() { h.Provides(mqtt.OnQosPublish) }))
+}
+
+// hookFixture is a selection hook on a Mochi server that is never started:
+// the test calls the hook's event handlers as Mochi would.
+type hookFixture struct {
+	server *mqtt.Server
+	engine *scoring.Engine
+	hook   *hooks.SelectionHook
+}
+
+func newHookFixture(t *testing.T) *hookFixture {
+	t.Helper()
+	srv := mqtt.New(&mqtt.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	eng, err := scoring.NewEngine(scoring.Config{Strategy: "adaptive"})
+	require.NoError(t, err)
+	h, err := hooks.NewSelectionHook(hooks.SelectionConfig{Engine: eng, Server: srv})
+	require.NoError(t, err)
+	require.NoError(t, srv.AddHook(h, nil))
+	return &hookFixture{server: srv, engine: eng, hook: h}
+}
+
+// connect makes a client as Mochi would for a new connection and
+// establishes its session, subscribed to the given filters.
+func (f *hookFixture) connect(t *testing.T, id string, filters ...string) *mqtt.Client {
+	t.Helper()
+	server, client := net.Pipe()
+	t.Cleanup(func() { _ = server.Close(); _ = client.Close() })
+	cl := f.server.NewClient(server, "test", id, false)
+	cl.Properties.ProtocolVersion = 5
+	f.hook.OnSessionEstablished(cl, packets.Packet{})
+	if len(filters) > 0 {
+		pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe}}
+		codes := make([]byte, len(filters))
+		for i, filter := range filters {
+			pk.Filters = append(pk.Filters, packets.Subscription{Filter: filter, Qos: 1})
+			codes[i] = 1
+		}
+		f.hook.OnSubscribed(cl, pk, codes)
+	}
+	return cl
+}
+
+func (f *hookFixture) inflight(t *testing.T, id string) int {
+	t.Helper()
+	for _, g := range f.engine.Snapshot() {
+		for _, m := range g.Members {
+			if m.ClientID == id {
+				return m.InFlight
+			}
+		}
+	}
+	t.Fatalf("%s is in no group", id)
+	return 0
+}
+
+func qosPacket(typ byte, id uint16) packets.Packet {
+	return packets.Packet{FixedHeader: packets.FixedHeader{Type: typ, Qos: 1}, PacketID: id}
+}
+
+// TestQosFlowsTellDeliveriesFromTheClientsOwnPublishes: Mochi reports the
+// broker's PUBACK to a client's own QoS 1 publish and the client's PUBACK
+// of a delivery through the same events, with independent packet IDs; only
+// the second is a completion.
+func TestQosFlowsTellDeliveriesFromTheClientsOwnPublishes(t *testing.T) {
+	f := newHookFixture(t)
+	cl := f.connect(t, "worker", "$share/g/t")
+	f.hook.OnQosPublish(cl, qosPacket(packets.Publish, 7), 0, 0) // delivery 7
+	require.Equal(t, 1, f.inflight(t, "worker"))
+	// The client publishes with its own ID 7: the broker acknowledges.
+	f.hook.OnQosPublish(cl, qosPacket(packets.Puback, 7), 0, 0)
+	f.hook.OnQosComplete(cl, qosPacket(packets.Puback, 7))
+	require.Equal(t, 1, f.inflight(t, "worker"), "the broker's own ack is no completion")
+	// Its QoS 2 publish completing is none either.
+	f.hook.OnQosComplete(cl, qosPacket(packets.Pubrel, 3))
+	require.Equal(t, 1, f.inflight(t, "worker"))
+	// The client acknowledges delivery 7.
+	f.hook.OnQosComplete(cl, qosPacket(packets.Puback, 7))
+	require.Zero(t, f.inflight(t, "worker"))
+	// A QoS 2 delivery refused with an error PUBREC ends too.
+	f.hook.OnQosPublish(cl, qosPacket(packets.Publish, 8), 0, 0)
+	f.hook.OnQosDropped(cl, qosPacket(packets.Pubrec, 8))
+	require.Zero(t, f.inflight(t, "worker"))
+}
+
+// TestNonMembersCostTheEngineNothing: QoS flows of clients in no shared
+// group never reach the engine.
+func TestNonMembersCostTheEngineNothing(t *testing.T) {
+	f := newHookFixture(t)
+	cl := f.connect(t, "device", "plain/t")
+	for id := uint16(1); id <= 100; id++ {
+		f.hook.OnQosPublish(cl, qosPacket(packets.Publish, id), 0, 0)
+		f.hook.OnQosComplete(cl, qosPacket(packets.Puback, id))
+	}
+	members, groups := f.engine.Counts()
+	require.Zero(t, members)
+	require.Zero(t, groups)
+}
+
+// TestSessionEndReleasesEverything: a session that expires while its client
+// is away, or ends at disconnect, leaves no state in the hook or engine; a
+// connection taken over by a newer one changes nothing.
+func TestSessionEndReleasesEverything(t *testing.T) {
+	f := newHookFixture(t)
+	cl := f.connect(t, "w1", "$share/g/t")
+	f.hook.OnDisconnect(cl, nil, false)
+	members, _ := f.engine.Counts()
+	require.Equal(t, 1, members, "a persistent session keeps its member offline")
+	require.Zero(t, f.hook.ConnectionCount())
+	f.hook.OnClientExpired(cl)
+	members, groups := f.engine.Counts()
+	require.Zero(t, members)
+	require.Zero(t, groups)
+
+	cl2 := f.connect(t, "w2", "$share/g/t")
+	f.hook.OnDisconnect(cl2, nil, true)
+	members, _ = f.engine.Counts()
+	require.Zero(t, members)
+	require.Zero(t, f.hook.ConnectionCount())
+}
+
+// TestOneClientsReportNeverChangesAnother: a report applies to the
+// connection it arrived on, whatever it claims.
+func TestOneClientsReportNeverChangesAnother(t *testing.T) {
+	f := newHookFixture(t)
+	a := f.connect(t, "a", "$share/g/t")
+	f.connect(t, "b", "$share/g/t")
+	payload := []byte(`{"msgsInQueue": 9, "processingTimePerMsg": 40, "clientId": "b"}`)
+	_, err := f.hook.OnPublish(a, packets.Packet{TopicName: "$luffy/load", Payload: payload})
+	require.ErrorIs(t, err, packets.CodeSuccessIgnore)
+	for _, m := range f.engine.Snapshot()[0].Members {
+		if m.ClientID == "a" {
+			require.Equal(t, 9, m.ReportedPending)
+		} else {
+			require.Zero(t, m.ReportedPending)
+			require.Zero(t, m.Reports)
+		}
+	}
+}
