@@ -47,15 +47,19 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzConnRead$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
 	$(GO) test -run '^$$' -fuzz '^FuzzTopicMapping$$' -fuzztime $(FUZZTIME) ./bridge/
 
-## bench: representative benchmarks (< 10 min on 2 cores) into bench/results/, then refresh the README section
+## bench: representative benchmarks (about 15-20 min on 2 cores) into bench/results/, then refresh the README section:
+##   thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, and throughput (3 runs, medians)
 BENCH_OUT     ?= bench/results
-BENCH_SYSTEMS ?= adaptive,thesis,round-robin,mosquitto,mochi,oracle
+BENCH_SYSTEMS ?= adaptive,thesis,round-robin,mosquitto,oracle
+BENCH_KINDS   ?= thesis-reporter,timer-reporter,paho-qos1-ackafter
+BENCH_RUN      = ./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT)
 bench:
 	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench
-	./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --repeat 3 --systems $(BENCH_SYSTEMS) --scenario thesis-2
-	./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --merge --repeat 3 --duration 4s --systems adaptive,round-robin,mosquitto,oracle --scenario thesis-1
-	./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --merge --repeat 1 --duration 13s --systems adaptive,round-robin,oracle --scenario step --scenario join
-	./$(BIN)/luffy-bench throughput --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --messages 5000 --fanout-messages 2000 --timeout 20s
+	$(BENCH_RUN) --scenario thesis-2 --duration 10s --repeat 3 --subscriber sdk --systems $(BENCH_SYSTEMS),mochi
+	$(BENCH_RUN) --merge --scenario thesis-2 --duration 10s --repeat 3 --subscriber $(BENCH_KINDS) --systems $(BENCH_SYSTEMS)
+	$(BENCH_RUN) --merge --scenario thesis-1 --duration 5s --repeat 3 --subscriber sdk --systems $(BENCH_SYSTEMS)
+	$(BENCH_RUN) --merge --scenario step --scenario join --duration 14s --repeat 1 --subscriber sdk --systems $(BENCH_SYSTEMS)
+	./$(BIN)/luffy-bench throughput --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --repeat 3 --messages 10000 --fanout-messages 5000 --timeout 30s
 	./scripts/update-bench-readme.sh $(BENCH_OUT)/summary.md
 
 ## demo-multisite: three sites (real RabbitMQ nodes + luffymq each) joined over emulated WAN links
