@@ -202,9 +202,12 @@ func TestAdaptiveQoSInFlight(t *testing.T) {
 	require.Equal(t, ms(12), f.member("a").ServiceEstimate)
 	require.Equal(t, uint64(1), f.member("a").Completions)
 	require.Equal(t, ms(36), f.wait("a"))
+	// Three more at the same instant: one burst of acks, four messages
+	// finished in 12 ms, 3 ms each.
 	for i := 0; i < 3; i++ {
 		f.e.InFlightAcknowledged("a")
 	}
+	require.Equal(t, ms(3), f.member("a").ServiceEstimate)
 	require.Zero(t, f.member("a").InFlight)
 	require.Zero(t, f.wait("a"))
 	f.e.InFlightAcknowledged("a") // nothing in flight: ignored
@@ -216,7 +219,7 @@ func TestAdaptiveQoSInFlight(t *testing.T) {
 	require.Equal(t, 1, f.member("a").InFlight)
 	f.e.SetInFlight("a", 7)
 	require.Equal(t, 7, f.member("a").InFlight)
-	require.Equal(t, ms(72), f.wait("a")) // six queued at 12 ms
+	require.Equal(t, ms(18), f.wait("a")) // six queued at 3 ms
 	f.e.SetInFlight("a", -1)              // ignored
 	require.Equal(t, 7, f.member("a").InFlight)
 }
@@ -565,7 +568,18 @@ func TestAdaptiveLearnsServiceFromAcks(t *testing.T) {
 	}
 	// The window holds 30, 20, 20, 20.
 	require.Equal(t, ms(22.5), f.member("a").ServiceEstimate)
-	require.Equal(t, uint64(4), f.member("a").Completions)
+
+	// A client that flushes its acks in bursts (paho.golang: every 50 ms):
+	// four finished in the 60 ms the burst covers, 15 ms each.
+	for i := 0; i < 4; i++ {
+		f.qos1Send()
+	}
+	f.advance(ms(60))
+	for i := 0; i < 4; i++ {
+		f.e.InFlightAcknowledged("a")
+	}
+	require.Equal(t, ms((30+20+20+20+15)/5.0), f.member("a").ServiceEstimate)
+	require.Equal(t, uint64(8), f.member("a").Completions)
 	require.Zero(t, f.member("a").Reports)
 }
 

@@ -61,6 +61,15 @@ func (w *durationWindow) pushWeighted(d time.Duration, weight int) {
 	}
 }
 
+// replaceLast replaces the most recently pushed value, keeping its weight.
+func (w *durationWindow) replaceLast(d time.Duration) {
+	if w.count == 0 {
+		w.push(d)
+		return
+	}
+	w.values[(w.next+reportWindow-1)%reportWindow] = d
+}
+
 func (w *durationWindow) mean() time.Duration {
 	if w.count == 0 {
 		return 0
@@ -104,6 +113,10 @@ func (l Load) bounded() Load {
 	l.WrittenAgo = min(max(l.WrittenAgo, 0), time.Minute)
 	return l
 }
+
+// ackBurstGap is how close acknowledgements must come to count as one
+// burst: a client flushing its acks writes them back to back.
+const ackBurstGap = time.Millisecond
 
 // sendLogSize is how many send times of unacknowledged QoS≥1 deliveries a
 // member keeps; older ones are known only to have been queued.
@@ -205,6 +218,12 @@ type member struct {
 	completions     uint64         // acknowledgements taken as finished messages
 	lastCompletion  time.Duration  // when the last one came (or the session start)
 	ackWindow       durationWindow // service times learnt from completions
+	// Many clients send acknowledgements in bursts (paho.golang flushes
+	// manual acks every 50 ms): acks within ackBurstGap of each other are
+	// one burst, whose k completions share the time since burstFrom.
+	burstFrom  time.Duration
+	burstCount int
+	ackLag     time.Duration // how late acks come: the longest gap between bursts lately
 
 	// Until its first measurement: the messages sent to it not known to be
 	// finished, and when the oldest of them started (as far as is known).
@@ -241,6 +260,7 @@ func (m *member) reset(now time.Duration) {
 	m.completions = 0
 	m.lastCompletion = now
 	m.ackWindow = durationWindow{}
+	m.burstFrom, m.burstCount, m.ackLag = now, 0, 0
 	m.unconfirmed = 0
 	m.unconfirmedSince = now
 }
@@ -330,6 +350,7 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 		if m.hasService() {
 			limit = 2*svc + time.Millisecond
 		}
+		limit += m.ackLag // acks that come in bursts come late
 		if elapsed := now - since; elapsed > limit {
 			held := (m.inflight + m.workers - 1) / m.workers // per worker
 			if overdue := now + overdueWait(elapsed, held); overdue > start {
@@ -362,6 +383,12 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 // applyReport folds a load report (already bounded) into both the thesis
 // and the adaptive state.
 func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
+	if l.Processed == 0 && l.ProcessingTime > 0 {
+		// A thesis-format report does not say how many messages its mean
+		// covers: what was queued at the last report and sent since, less
+		// what is queued now, were finished (or are running).
+		l.Processed = max(1, m.reportedPending+m.sentSinceReport-l.Pending)
+	}
 	// Thesis bookkeeping, exactly as §1.3.
 	m.thesisWindow.push(l.ProcessingTime)
 	m.reportedPending = l.Pending
@@ -488,8 +515,21 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 	if known && sent > start {
 		start = sent
 	}
-	if sample := now - start; sample > 0 && (known || m.completions > 0) {
-		m.ackWindow.push(sample)
+	switch {
+	case m.burstCount > 0 && now-m.lastCompletion <= ackBurstGap && (!known || sent < m.lastCompletion):
+		// Another ack of the same burst, for a message that was queued:
+		// the burst's completions share the time it covers.
+		m.burstCount++
+		m.ackWindow.replaceLast((now - m.burstFrom) / time.Duration(m.burstCount))
+		learnt = true
+	case now-start > 0 && (known || m.completions > 0):
+		if gap := now - m.lastCompletion; m.burstCount > 1 && gap > m.ackLag {
+			m.ackLag = gap // the member sends acks in bursts this far apart
+		} else if m.burstCount > 1 {
+			m.ackLag -= m.ackLag / 8 // forget slowly
+		}
+		m.burstFrom, m.burstCount = start, 1
+		m.ackWindow.push(now - start)
 		learnt = true
 	}
 	m.completions++
@@ -503,7 +543,17 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 	if queued < 0 {
 		queued = 0
 	}
-	m.freeAt = now + time.Duration(queued)*svc
+	upper := now + time.Duration(queued)*svc
+	if m.ackLag == 0 && m.burstCount <= 1 {
+		// A timely ack: the next message starts now.
+		m.freeAt = upper
+		return learnt
+	}
+	// Acks that come in bursts are late: the running message started at
+	// some point since the last burst. The model (what was sent, at svc
+	// each) places it best, within what the ack allows.
+	lower := now + time.Duration(max(queued-1, 0))*svc
+	m.freeAt = min(max(m.freeAt, lower), upper)
 	return learnt
 }
 
