@@ -42,6 +42,11 @@ type MemberStatus struct {
 	PredictedWaitMs  float64  `json:"predicted_wait_ms"`
 	Reports          uint64   `json:"reports"`
 	LastReportAgeMs  *float64 `json:"last_report_age_ms"`
+	// Completions counts the acknowledgements the service estimate learnt
+	// from; AcksAreCompletions is false once the member was found to
+	// acknowledge on receipt.
+	Completions        uint64 `json:"completions"`
+	AcksAreCompletions bool   `json:"acks_are_completions"`
 }
 
 // OverviewResponse is the body of GET /api/v1/overview: broker-wide
@@ -113,6 +118,9 @@ func memberStatus(m scoring.MemberSnapshot) MemberStatus {
 		InFlight:         m.InFlight,
 		PredictedWaitMs:  millis(m.PredictedWait),
 		Reports:          m.Reports,
+
+		Completions:        m.Completions,
+		AcksAreCompletions: m.AcksAreFinishes,
 	}
 	if m.Reports > 0 {
 		age := millis(m.LastReportAge)
