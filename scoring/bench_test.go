@@ -100,3 +100,21 @@ func TestSelectMemberDoesNotAllocate(t *testing.T) {
 		check(t, e, clock, msgs, func(int) {})
 	})
 }
+
+// TestQoSFlowBookkeepingDoesNotAllocate: every QoS≥1 delivery to a member
+// passes through InFlightStarted and InFlightAcknowledged, and reports come
+// every interval: none of them may allocate.
+func TestQoSFlowBookkeepingDoesNotAllocate(t *testing.T) {
+	if testing.CoverMode() != "" {
+		t.Skip("coverage instrumentation may allocate")
+	}
+	e, clock, _ := benchEngine(t, "adaptive", 3)
+	id := "member-0001"
+	allocs := testing.AllocsPerRun(1000, func() {
+		e.InFlightStarted(id)
+		clock.Advance(time.Millisecond)
+		e.InFlightAcknowledged(id)
+		e.Report(id, scoring.Load{Pending: 1, ProcessingTime: time.Millisecond})
+	})
+	require.Zero(t, allocs)
+}

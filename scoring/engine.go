@@ -238,6 +238,19 @@ func (e *Engine) Leave(groupKey, clientID string) {
 // for selection. Reported values are bounded (see Load); a report only ever
 // changes clientID's own state.
 func (e *Engine) Report(clientID string, l Load) bool {
+	l = l.bounded()
+	return e.withMember(clientID, true, func(m *member, now, prior time.Duration) bool {
+		m.applyReport(now, l, prior)
+		return true // its estimate or freshness may have changed
+	})
+}
+
+// withMember runs fn on clientID's state with its lock held, if the engine
+// has any, given the time and, withPrior, the member's prior (see
+// priorFor; otherwise 0); when fn
+// reports that the member's estimate changed, its groups recompute their
+// priors. e.mu is held for reading.
+func (e *Engine) withMember(clientID string, withPrior bool, fn func(m *member, now, prior time.Duration) (estimateChanged bool)) bool {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	m, ok := e.members[clientID]
@@ -245,35 +258,25 @@ func (e *Engine) Report(clientID string, l Load) bool {
 		return false
 	}
 	now := e.now()
-	prior := e.priorFor(m, now)
+	var prior time.Duration
+	if withPrior {
+		prior = e.priorFor(m, now)
+	}
 	m.mu.Lock()
-	m.applyReport(now, l.bounded(), prior)
+	changed := fn(m, now, prior)
 	m.mu.Unlock()
-	for _, g := range m.groups {
-		g.invalidatePrior() // its estimate or freshness may have changed
+	if changed {
+		for _, g := range m.groups {
+			g.invalidatePrior()
+		}
 	}
 	return true
-}
-
-// withMember runs fn on clientID's state with its lock held, if the engine
-// has any; e.mu is held for reading.
-func (e *Engine) withMember(clientID string, fn func(m *member, now time.Duration)) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	m, ok := e.members[clientID]
-	if !ok {
-		return
-	}
-	now := e.now()
-	m.mu.Lock()
-	fn(m, now)
-	m.mu.Unlock()
 }
 
 // InFlightStarted records a QoS≥1 delivery to clientID awaiting its
 // acknowledgement.
 func (e *Engine) InFlightStarted(clientID string) {
-	e.withMember(clientID, func(m *member, now time.Duration) { m.deliveryStarted(now) })
+	e.withMember(clientID, false, func(m *member, now, _ time.Duration) bool { m.deliveryStarted(now); return false })
 }
 
 // InFlightAcknowledged records that clientID acknowledged a QoS≥1
@@ -284,28 +287,13 @@ func (e *Engine) InFlightStarted(clientID string) {
 // needed, and re-anchors its predicted backlog to what is still
 // unacknowledged.
 func (e *Engine) InFlightAcknowledged(clientID string) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	m, ok := e.members[clientID]
-	if !ok {
-		return
-	}
-	now := e.now()
-	prior := e.priorFor(m, now)
-	m.mu.Lock()
-	learnt := m.deliveryAcknowledged(now, prior)
-	m.mu.Unlock()
-	if learnt {
-		for _, g := range m.groups {
-			g.invalidatePrior()
-		}
-	}
+	e.withMember(clientID, true, func(m *member, now, prior time.Duration) bool { return m.deliveryAcknowledged(now, prior) })
 }
 
 // InFlightDropped records that a QoS≥1 delivery to clientID was abandoned
 // without acknowledgement (expired or failed).
 func (e *Engine) InFlightDropped(clientID string) {
-	e.withMember(clientID, func(m *member, _ time.Duration) { m.deliveryDropped() })
+	e.withMember(clientID, false, func(m *member, _, _ time.Duration) bool { m.deliveryDropped(); return false })
 }
 
 // SetInFlight sets clientID's count of unacknowledged QoS≥1 deliveries,
@@ -314,7 +302,7 @@ func (e *Engine) SetInFlight(clientID string, n int) {
 	if n < 0 {
 		return
 	}
-	e.withMember(clientID, func(m *member, now time.Duration) { m.resetDeliveries(now, n) })
+	e.withMember(clientID, false, func(m *member, now, _ time.Duration) bool { m.resetDeliveries(now, n); return false })
 }
 
 // SetReceiveMaximum records how many unacknowledged QoS≥1 deliveries
@@ -324,7 +312,7 @@ func (e *Engine) SetReceiveMaximum(clientID string, n int) {
 	if n < 0 {
 		return
 	}
-	e.withMember(clientID, func(m *member, _ time.Duration) { m.receiveMax = n })
+	e.withMember(clientID, false, func(m *member, _, _ time.Duration) bool { m.receiveMax = n; return false })
 }
 
 // Message describes the message a member is selected for.
