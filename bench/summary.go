@@ -293,6 +293,14 @@ func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 				continue
 			}
 			m, p := ad.Overall.Mean, ad.Overall.P99
+			if kind == KindTimerReporter {
+				// Reports on a 1 s timer leave the broker blind for the
+				// first 0.7 s: the information bound is ~88 ms (issue 10),
+				// and the other goals do not apply.
+				gs = append(gs, goal{l + ": adaptive mean ≤ 97 ms", metIf(m <= 97),
+					fmt.Sprintf("mean %s ms, p99 %s ms (median of %d runs)", fmtMs(m), fmtMs(p), ad.Runs)})
+				continue
+			}
 			gs = append(gs, goal{l + ": adaptive mean ≤ 8 ms and p99 ≤ 25 ms", metIf(m <= 8 && p <= 25),
 				fmt.Sprintf("mean %s ms, p99 %s ms (median of %d runs)", fmtMs(m), fmtMs(p), ad.Runs)})
 			if th != nil {
