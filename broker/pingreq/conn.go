@@ -36,6 +36,13 @@ const pingreqByte = 0xC0
 // wraps it and names the limit.
 var ErrReportTooLarge = errors.New("pingreq: load report too large")
 
+// ErrMalformedLength is returned by every Read after the connection sent a
+// packet whose remaining length runs past the 4 bytes MQTT allows (a
+// fourth length byte with the continuation bit set): the packet framing is
+// lost, so the connection must end. The returned error wraps it and names
+// the packet's fixed header byte.
+var ErrMalformedLength = errors.New("pingreq: malformed remaining length")
+
 // ReportSource is implemented by Conn. A Mochi hook can type-assert
 // cl.Net.Conn to it to take the lifted payloads.
 type ReportSource interface {
@@ -51,7 +58,8 @@ const (
 	stBody                     // inside the body of a non-PINGREQ packet
 	stPingLen                  // inside the remaining length of a PINGREQ (held back)
 	stPingPayload              // inside the payload of an extended PINGREQ (lifted)
-	stPassthrough              // framing lost: everything passes through untouched
+	stHeldLen                  // inside the remaining length of a non-PINGREQ packet (held back; see ReadLimits)
+	stHeldBody                 // inside the body of a packet held back until complete (see ReadLimits)
 )
 
 // Conn wraps a net.Conn and lifts extended PINGREQ payloads off the bytes
@@ -67,16 +75,15 @@ type Conn struct {
 
 	// Read state, owned by the reading goroutine.
 	st      state
-	vlVal   int     // remaining length decoded so far
-	vlN     int     // remaining length bytes seen so far
-	left    int     // body or payload bytes still to come
-	held    [4]byte // a PINGREQ's fixed header held back: 0xC0 and up to 3 length bytes
-	nheld   int
+	vlVal   int    // remaining length decoded so far
+	vlN     int    // remaining length bytes seen so far
+	left    int    // body or payload bytes still to come
 	payload []byte // payload of the extended PINGREQ being lifted
 	owed    []byte // output that did not fit into the caller's buffer; emitted first
 	owedBuf [8]byte
 	readErr error // an error from the inner conn, returned once owed is emitted
-	tooBig  error // sticky ErrReportTooLarge
+	fatal   error // sticky ErrReportTooLarge or ErrMalformedLength: the connection must end
+	typ     byte  // fixed header byte of the packet whose remaining length is being decoded
 
 	mu        sync.Mutex
 	queue     [][]byte
@@ -85,8 +92,14 @@ type Conn struct {
 	lifted  atomic.Uint64
 	dropped atomic.Uint64
 
-	// Outbound: the client's Receive Maximum (see flow.go).
+	// Outbound: the client's Receive Maximum (see flow.go), and the bytes
+	// queued for the writer goroutine (see outbox.go).
 	quota sendQuota
+	out   outbox
+
+	// Read limits (see readlimits.go), owned by the reading goroutine.
+	held    heldPacket
+	connect connectWatch
 }
 
 var (
@@ -118,7 +131,11 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 	if len(c.owed) > 0 {
 		n := copy(p, c.owed)
-		c.owed = c.owed[:copy(c.owed, c.owed[n:])]
+		// Advance rather than shift: owed may hold a whole held packet.
+		// Nothing is appended to owed until it is empty again.
+		if c.owed = c.owed[n:]; len(c.owed) == 0 {
+			c.owed = c.owedBuf[:0]
+		}
 		if len(c.owed) == 0 && c.readErr != nil {
 			err := c.readErr
 			c.readErr = nil
@@ -128,8 +145,8 @@ func (c *Conn) Read(p []byte) (int, error) {
 		// need these bytes to finish a packet.
 		return n, nil
 	}
-	if c.tooBig != nil {
-		return 0, c.tooBig
+	if c.fatal != nil {
+		return 0, c.fatal
 	}
 	if c.readErr != nil {
 		err := c.readErr
@@ -137,10 +154,10 @@ func (c *Conn) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	for {
-		// While a PINGREQ is in progress its replacement (or, for a
-		// malformed length, its held header) is written when it ends, and
-		// it may be longer than the PINGREQ's bytes in this read. Leave
-		// that much room before the data so output never overtakes input.
+		// While a PINGREQ is in progress its replacement is written when
+		// it ends, and it may be longer than the PINGREQ's bytes in this
+		// read. Leave that much room before the data so output never
+		// overtakes input.
 		hr := c.headroom()
 		start, end := hr, len(p)
 		if len(p) <= hr {
@@ -149,11 +166,14 @@ func (c *Conn) Read(p []byte) (int, error) {
 			start, end = 0, 1
 		}
 		n, err := c.Conn.Read(p[start:end])
+		if c.connect.waiting {
+			c.watchConnect(p[start:start+n], err)
+		}
 		w := 0
 		if n > 0 {
 			w = c.filter(p, start, start+n)
 		}
-		if c.tooBig != nil {
+		if c.fatal != nil {
 			return w, nil // the next Read returns the sticky error
 		}
 		if err != nil {
@@ -174,11 +194,13 @@ func (c *Conn) Read(p []byte) (int, error) {
 // headroom returns how many output bytes the packet in progress may emit
 // beyond its own bytes in the next read.
 func (c *Conn) headroom() int {
-	switch c.st {
-	case stPingLen:
-		return c.nheld
-	case stPingPayload:
+	// The replacement C0 00 is 2 bytes, and at least the PINGREQ's last
+	// byte is in this read.
+	if c.st == stPingLen || c.st == stPingPayload {
 		return 1
+	}
+	if c.st == stHeldLen {
+		return c.held.nhdr // a small packet's held header is emitted when its length ends
 	}
 	return 0
 }
@@ -197,15 +219,10 @@ func (c *Conn) filter(p []byte, r, end int) int {
 			if c.left == 0 {
 				c.st = stType
 			}
-		case stPassthrough:
-			w = c.pass(p, w, r, end-r)
-			r = end
 		case stType:
 			b := p[r]
 			c.vlVal, c.vlN = 0, 0
 			if b == pingreqByte {
-				c.held[0] = b
-				c.nheld = 1
 				c.st = stPingLen
 				r++
 				continue
@@ -214,6 +231,12 @@ func (c *Conn) filter(p []byte, r, end int) int {
 			// pass the header and as much of the body as there is at once.
 			if v, k, err := report.DecodeVarint(p[r+1 : end]); err == nil {
 				h := 1 + k
+				if c.held.holds(v) {
+					c.typ = b
+					c.startHeld(p[r:r+h], v)
+					r += h
+					continue
+				}
 				n := h + min(v, end-r-h)
 				w = c.pass(p, w, r, n)
 				r += n
@@ -222,16 +245,30 @@ func (c *Conn) filter(p []byte, r, end int) int {
 				}
 				continue
 			}
+			c.typ = b
+			if c.held.above > 0 {
+				// The length may be large: hold the header until it is known.
+				c.held.hdr[0] = b
+				c.held.nhdr = 1
+				r++
+				c.st = stHeldLen
+				continue
+			}
 			w = c.pass(p, w, r, 1)
 			r++
 			c.st = stLen
 		case stLen:
 			b := p[r]
+			done, bad := c.lengthByte(b)
+			if bad {
+				// The bytes before it are out already; this one and the
+				// rest of the input are never delivered.
+				c.markMalformed(c.typ)
+				return w
+			}
 			w = c.pass(p, w, r, 1)
 			r++
-			switch done, bad := c.lengthByte(b); {
-			case bad:
-				c.st = stPassthrough
+			switch {
 			case done && c.vlVal == 0:
 				c.st = stType
 			case done:
@@ -244,16 +281,14 @@ func (c *Conn) filter(p []byte, r, end int) int {
 			done, bad := c.lengthByte(b)
 			switch {
 			case bad:
-				// Framing is lost: give Mochi the bytes as they came and
-				// stop parsing. (Mochi rejects most such lengths, but
-				// accepts overlong ones whose extra bytes carry no value
-				// bits, such as 80 80 80 80 00.)
-				w = c.emit(p, w, r, end, c.held[:c.nheld]...)
-				w = c.emit(p, w, r, end, b)
-				c.st = stPassthrough
+				// Framing is lost: end the connection. Nothing of this
+				// PINGREQ is delivered, nor anything after it. (Mochi
+				// itself would accept overlong lengths whose extra bytes
+				// carry no value bits, such as 80 80 80 80 00.)
+				c.markMalformed(pingreqByte)
+				return w
 			case !done:
-				c.held[c.nheld] = b
-				c.nheld++
+				// more length bytes follow
 			case c.vlVal == 0:
 				w = c.emit(p, w, r, end, pingreqByte, 0)
 				c.st = stType
@@ -266,6 +301,13 @@ func (c *Conn) filter(p []byte, r, end int) int {
 				c.payload = make([]byte, 0, c.vlVal)
 				c.st = stPingPayload
 			}
+		case stHeldLen:
+			var ok bool
+			if w, r, ok = c.heldLength(p, w, r, end); !ok {
+				return w // malformed: the rest of the input is never delivered
+			}
+		case stHeldBody:
+			w, r = c.heldBody(p, w, r, end)
 		case stPingPayload:
 			n := min(c.left, end-r)
 			c.payload = append(c.payload, p[r:r+n]...)
@@ -338,8 +380,12 @@ func (c *Conn) enqueue(payload []byte) {
 	c.queue = append(c.queue, payload)
 }
 
+func (c *Conn) markMalformed(typ byte) {
+	c.fatal = fmt.Errorf("%w: packet 0x%02X has a fourth length byte with the continuation bit set (MQTT allows at most 4)", ErrMalformedLength, typ)
+}
+
 func (c *Conn) markOversized(length int) {
-	c.tooBig = fmt.Errorf("%w: report of %d bytes exceeded %d bytes", ErrReportTooLarge, length, c.max)
+	c.fatal = fmt.Errorf("%w: report of %d bytes exceeded %d bytes", ErrReportTooLarge, length, c.max)
 	c.mu.Lock()
 	c.oversized = true
 	c.mu.Unlock()

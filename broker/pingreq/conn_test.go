@@ -141,12 +141,17 @@ type stream struct {
 }
 
 // add appends a packet; an extended PINGREQ is a 0xC0 packet with a
-// non-empty body.
+// non-empty body. A PINGREQ with an empty body comes out as C0 00 too,
+// whatever the encoding of its zero length.
 func (s *stream) add(pkts ...[]byte) *stream {
 	for _, p := range pkts {
 		s.in = append(s.in, p...)
 		if p[0] == pingreqByte && len(p) > 2 {
 			_, n, _ := refLength(p[1:])
+			if len(p) == 1+n {
+				s.want = append(s.want, pingreqByte, 0)
+				continue
+			}
 			s.payloads = append(s.payloads, p[1+n:])
 			s.want = append(s.want, pingreqByte, 0)
 			s.inEnd = append(s.inEnd, len(s.in))
@@ -256,41 +261,59 @@ const (
 	lengthBad
 )
 
+// refResult is what a Conn must make of a whole input followed by EOF.
+type refResult struct {
+	out       []byte   // delivered bytes
+	payloads  [][]byte // lifted payloads in order
+	oversized bool     // ends with ErrReportTooLarge
+	malformed bool     // ends with ErrMalformedLength
+}
+
 // reference computes, from the whole input at once, what a Conn with limit
 // max must deliver for in followed by EOF.
-func reference(in []byte, max int) (out []byte, payloads [][]byte, oversized bool) {
-	out = []byte{}
+func reference(in []byte, max int) refResult {
+	res := refResult{out: []byte{}}
 	for i := 0; i < len(in); {
 		typ := in[i]
 		val, n, status := refLength(in[i+1:])
+		if status == lengthBad {
+			// Of a PINGREQ nothing is delivered; of another packet its
+			// type and first three length bytes are.
+			if typ != pingreqByte {
+				res.out = append(res.out, in[i:i+4]...)
+			}
+			res.malformed = true
+			return res
+		}
 		if typ != pingreqByte {
 			end := i + 1 + n + val
 			if status != lengthOK || end > len(in) {
-				return append(out, in[i:]...), payloads, false
+				res.out = append(res.out, in[i:]...)
+				return res
 			}
-			out = append(out, in[i:end]...)
+			res.out = append(res.out, in[i:end]...)
 			i = end
 			continue
 		}
 		switch {
-		case status == lengthBad:
-			return append(out, in[i:]...), payloads, false
 		case status == lengthShort:
-			return out, payloads, false
+			return res
 		case val > max:
-			return append(out, pingreqByte, 0), payloads, true
+			res.out = append(res.out, pingreqByte, 0)
+			res.oversized = true
+			return res
 		}
 		end := i + 1 + n + val
 		if end > len(in) {
-			return out, payloads, false
+			return res
 		}
 		if val > 0 {
-			payloads = append(payloads, in[i+1+n:end])
+			res.payloads = append(res.payloads, in[i+1+n:end])
 		}
-		out = append(out, pingreqByte, 0)
+		res.out = append(res.out, pingreqByte, 0)
 		i = end
 	}
-	return out, payloads, false
+	return res
 }
 
 // requireEOF checks that err is io.EOF.
@@ -362,10 +385,11 @@ func requirePayloads(t *testing.T, want, got [][]byte, msg string) {
 func TestStreamMatchesReference(t *testing.T) {
 	for _, big := range []bool{false, true} {
 		s, max := testStream(big)
-		out, payloads, oversized := reference(s.in, max)
-		require.Equal(t, s.want, out)
-		require.Equal(t, s.payloads, payloads)
-		require.False(t, oversized)
+		ref := reference(s.in, max)
+		require.Equal(t, s.want, ref.out)
+		require.Equal(t, s.payloads, ref.payloads)
+		require.False(t, ref.oversized)
+		require.False(t, ref.malformed)
 		require.Len(t, s.payloads, map[bool]int{false: 7, true: 8}[big])
 	}
 }
@@ -585,45 +609,102 @@ func concat(bs ...[]byte) []byte {
 	return out
 }
 
+// TestConnReadMalformedLength: a remaining length whose fourth byte has
+// the continuation bit set loses the packet framing, so the Conn ends the
+// connection with ErrMalformedLength. (It used to pass such bytes through
+// untouched and stop parsing, but Mochi accepts any number of 0x80 length
+// bytes before a final byte, so 80 80 80 80 00 reached it as a valid
+// PINGREQ, and every later report went unlifted.) What came before the
+// malformed packet is delivered; of a PINGREQ nothing is (its header is
+// held back), of another packet the bytes before the fourth length byte
+// may already be.
 func TestConnReadMalformedLength(t *testing.T) {
 	ext := packet(0xC0, jsonReport(20))
 	cases := []struct {
 		name     string
 		in       []byte
-		want     []byte
+		want     []byte // delivered before the error
 		payloads [][]byte
+		typ      string // packet named in the error
 	}{
 		{
 			name: "PINGREQ with a fifth length byte",
 			in:   concat([]byte{0xC0, 0x80, 0x80, 0x80, 0x80, 0x01}, ext, []byte{0xC0, 0}),
-			want: concat([]byte{0xC0, 0x80, 0x80, 0x80, 0x80, 0x01}, ext, []byte{0xC0, 0}),
+			typ:  "0xC0",
+		},
+		{
+			name: "overlong zero length that Mochi would accept",
+			in:   concat([]byte{0xC0, 0x80, 0x80, 0x80, 0x80, 0x00}, ext),
+			typ:  "0xC0",
 		},
 		{
 			name: "PUBLISH with a fifth length byte",
 			in:   concat([]byte{0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F}, ext),
-			want: concat([]byte{0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F}, ext),
+			want: []byte{0x30, 0xFF, 0xFF, 0xFF},
+			typ:  "0x30",
 		},
 		{
-			name:     "after valid packets",
+			name:     "PINGREQ after valid packets",
 			in:       concat(packet(0x30, filler(50, 1)), ext, []byte{0xC0, 0xFF, 0xFF, 0xFF, 0xFF}, ext),
-			want:     concat(packet(0x30, filler(50, 1)), []byte{0xC0, 0}, []byte{0xC0, 0xFF, 0xFF, 0xFF, 0xFF}, ext),
+			want:     concat(packet(0x30, filler(50, 1)), []byte{0xC0, 0}),
 			payloads: [][]byte{jsonReport(20)},
+			typ:      "0xC0",
+		},
+		{
+			name:     "SUBSCRIBE after an extended PINGREQ",
+			in:       concat(ext, []byte{0x82, 0x80, 0x80, 0x80, 0x80, 0x01}, ext),
+			want:     []byte{0xC0, 0, 0x82, 0x80, 0x80, 0x80},
+			payloads: [][]byte{jsonReport(20)},
+			typ:      "0x82",
 		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			ref := reference(tc.in, 64)
+			require.True(t, ref.malformed && bytes.Equal(tc.want, ref.out), "the fuzz reference agrees")
 			for _, buf := range []int{1, 2, 3, 4, 5, 2048} {
 				for i := 0; i <= len(tc.in); i++ {
 					inner := newChunkConn(tc.in[:i], tc.in[i:])
-					res := drive(t, NewConn(inner, 64), inner, fixed(buf), nil)
+					c := NewConn(inner, 64)
+					res := drive(t, c, inner, fixed(buf), nil)
 					msg := fmt.Sprintf("buffer %d, split at %d", buf, i)
-					requireEOF(t, res.err)
+					require.ErrorIs(t, res.err, ErrMalformedLength, msg)
+					require.Contains(t, res.err.Error(), "packet "+tc.typ, msg)
 					require.Equal(t, tc.want, res.out, msg)
 					require.Equal(t, tc.payloads, res.payloads, msg)
+					require.False(t, res.oversized, msg)
+					// Sticky: later Reads fail the same way and read nothing.
+					before := inner.consumed
+					for range 2 {
+						n, err := c.Read(make([]byte, 64))
+						require.Zero(t, n, msg)
+						require.ErrorIs(t, err, ErrMalformedLength, msg)
+					}
+					require.Equal(t, before, inner.consumed, msg)
 				}
 			}
 		})
 	}
+
+	// The error comes as soon as the bad byte is read: nothing waits for
+	// more input.
+	client, server := net.Pipe()
+	t.Cleanup(func() { _ = client.Close(); _ = server.Close() })
+	c := NewConn(server, 4096)
+	go func() {
+		for _, w := range [][]byte{{0xC0, 0x80, 0x80}, {0x80, 0x80}} {
+			if _, err := client.Write(w); err != nil {
+				return
+			}
+		}
+	}()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	var err error
+	for n := 0; err == nil; {
+		n, err = c.Read(make([]byte, 1))
+		require.Zero(t, n, "nothing of the PINGREQ is delivered")
+	}
+	require.ErrorIs(t, err, ErrMalformedLength)
 }
 
 func TestConnReadOtherTypesPassThrough(t *testing.T) {
@@ -879,7 +960,6 @@ func TestConnReadDoesNotBlockWithOutput(t *testing.T) {
 		{"plain PINGREQ split, 1-byte buffer", [][]byte{{0xC0}, {0x00}}, 1, []byte{0xC0, 0}},
 		{"extended PINGREQ split, 1-byte buffer", [][]byte{{0xC0, 2, '{'}, {'}'}}, 1, []byte{0xC0, 0}},
 		{"extended PINGREQ, 2KiB buffer", [][]byte{packet(0xC0, jsonReport(100))}, 2048, []byte{0xC0, 0}},
-		{"malformed length split, 1-byte buffer", [][]byte{{0xC0, 0x80, 0x80}, {0x80, 0x80}}, 1, []byte{0xC0, 0x80, 0x80, 0x80, 0x80}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

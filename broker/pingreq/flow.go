@@ -83,7 +83,7 @@ func (c *Conn) flushHeldLocked() error {
 		q.held = q.held[1:]
 		q.heldBytes -= len(pk)
 		q.inflight++
-		if _, err := c.Conn.Write(pk); err != nil {
+		if err := c.enqueueOut(pk, false); err != nil {
 			q.err = err
 		}
 	}
@@ -93,9 +93,11 @@ func (c *Conn) flushHeldLocked() error {
 	return q.err
 }
 
-// Write writes p, a sequence of whole MQTT packets as Mochi writes them,
-// holding back QoS≥1 publishes over the client's Receive Maximum. It
-// reports all of p written unless the connection failed.
+// Write queues p, a sequence of whole MQTT packets as Mochi writes them,
+// for the connection's writer (see outbox.go), holding back QoS≥1
+// publishes over the client's Receive Maximum and dropping QoS 0 publishes
+// while the outbox is full. It never blocks on the socket, and reports all
+// of p written unless the connection failed.
 func (c *Conn) Write(p []byte) (int, error) {
 	q := &c.quota
 	q.mu.Lock()
@@ -104,11 +106,13 @@ func (c *Conn) Write(p []byte) (int, error) {
 		return 0, q.err
 	}
 	if q.lost {
-		n, err := c.Conn.Write(p)
-		q.err = err
-		return n, err
+		if err := c.enqueueOut(p, false); err != nil {
+			q.err = err
+			return 0, err
+		}
+		return len(p), nil
 	}
-	from := 0 // start of the bytes not yet written or held
+	from := 0 // start of the bytes not yet queued or held
 	for off := 0; off < len(p); {
 		length, used, err := report.DecodeVarint(p[off+1:])
 		end := off + 1 + used + length
@@ -119,30 +123,38 @@ func (c *Conn) Write(p []byte) (int, error) {
 			break
 		}
 		header := p[off]
-		if header>>4 == publishType && header&0x06 != 0 {
-			if len(q.held) > 0 || (q.limit > 0 && q.inflight >= q.limit) {
-				if _, err := c.Conn.Write(p[from:off]); err != nil {
-					q.err = err
-					return 0, err
-				}
-				q.held = append(q.held, append([]byte(nil), p[off:end]...))
-				q.heldBytes += end - off
-				from = end
-				if q.heldBytes > MaxHeldBytes {
-					q.err = fmt.Errorf("%w: more than %d bytes for a client with Receive Maximum %d", ErrHeldTooMuch, MaxHeldBytes, q.limit)
-					return 0, q.err
-				}
-			} else {
-				q.inflight++
+		switch {
+		case header>>4 != publishType:
+		case header&0x06 == 0: // QoS 0: may be dropped on its own
+			if err := c.enqueueOut(p[from:off], false); err != nil {
+				q.err = err
+				return 0, err
 			}
+			if err := c.enqueueOut(p[off:end], true); err != nil {
+				q.err = err
+				return 0, err
+			}
+			from = end
+		case len(q.held) > 0 || (q.limit > 0 && q.inflight >= q.limit):
+			if err := c.enqueueOut(p[from:off], false); err != nil {
+				q.err = err
+				return 0, err
+			}
+			q.held = append(q.held, append([]byte(nil), p[off:end]...))
+			q.heldBytes += end - off
+			from = end
+			if q.heldBytes > MaxHeldBytes {
+				q.err = fmt.Errorf("%w: more than %d bytes for a client with Receive Maximum %d", ErrHeldTooMuch, MaxHeldBytes, q.limit)
+				return 0, q.err
+			}
+		default:
+			q.inflight++
 		}
 		off = end
 	}
-	if from < len(p) {
-		if _, err := c.Conn.Write(p[from:]); err != nil {
-			q.err = err
-			return 0, err
-		}
+	if err := c.enqueueOut(p[from:], false); err != nil {
+		q.err = err
+		return 0, err
 	}
 	return len(p), nil
 }

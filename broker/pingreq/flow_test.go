@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -25,6 +26,19 @@ func (r *recordingConn) Write(p []byte) (int, error) {
 		return 0, r.err
 	}
 	return r.out.Write(p)
+}
+
+func (r *recordingConn) SetWriteDeadline(time.Time) error { return nil }
+func (r *recordingConn) SetReadDeadline(time.Time) error  { return nil }
+func (r *recordingConn) Close() error                     { return nil }
+
+// writtenThrough waits until c's writer has sent everything queued to r,
+// then returns what r received.
+func writtenThrough(c *Conn, r *recordingConn) []byte {
+	for c.WriteStats().QueuedBytes > 0 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	return r.written()
 }
 
 func (r *recordingConn) written() []byte {
@@ -53,7 +67,7 @@ func TestSendQuotaHoldsPublishesOverReceiveMaximum(t *testing.T) {
 	n, err := c.Write(concat(qos1Publish('a'), qos0Publish('z'), qos2Publish('b'), qos1Publish('c'), pingresp, qos0Publish('y')))
 	require.NoError(t, err)
 	require.Equal(t, 5*7+2, n, "the whole write is reported written")
-	require.Equal(t, concat(qos1Publish('a'), qos0Publish('z'), qos2Publish('b'), pingresp, qos0Publish('y')), inner.written(),
+	require.Equal(t, concat(qos1Publish('a'), qos0Publish('z'), qos2Publish('b'), pingresp, qos0Publish('y')), writtenThrough(c, inner),
 		"QoS 0 and other packets pass; the third QoS≥1 publish waits")
 	inflight, held := c.QuotaState()
 	require.Equal(t, 2, inflight)
@@ -63,18 +77,18 @@ func TestSendQuotaHoldsPublishesOverReceiveMaximum(t *testing.T) {
 	_, err = c.Write(qos1Publish('d'))
 	require.NoError(t, err)
 	require.NoError(t, c.ReleaseDelivery())
-	require.Equal(t, concat(qos1Publish('a'), qos0Publish('z'), qos2Publish('b'), pingresp, qos0Publish('y'), qos1Publish('c')), inner.written())
+	require.Equal(t, concat(qos1Publish('a'), qos0Publish('z'), qos2Publish('b'), pingresp, qos0Publish('y'), qos1Publish('c')), writtenThrough(c, inner))
 	require.NoError(t, c.ReleaseDelivery())
 	inflight, held = c.QuotaState()
 	require.Equal(t, 2, inflight) // c and d
 	require.Zero(t, held)
-	require.True(t, bytes.HasSuffix(inner.written(), qos1Publish('d')))
+	require.True(t, bytes.HasSuffix(writtenThrough(c, inner), qos1Publish('d')))
 
 	// Raising the limit (or 0: none) writes what waits.
 	_, err = c.Write(concat(qos1Publish('e'), qos1Publish('f')))
 	require.NoError(t, err)
 	require.NoError(t, c.SetReceiveMaximum(0))
-	require.True(t, bytes.HasSuffix(inner.written(), concat(qos1Publish('e'), qos1Publish('f'))))
+	require.True(t, bytes.HasSuffix(writtenThrough(c, inner), concat(qos1Publish('e'), qos1Publish('f'))))
 }
 
 func TestSendQuotaWithoutLimitPassesEverything(t *testing.T) {
@@ -83,7 +97,7 @@ func TestSendQuotaWithoutLimitPassesEverything(t *testing.T) {
 	stream := concat(qos1Publish('a'), qos1Publish('b'), qos2Publish('c'))
 	_, err := c.Write(stream)
 	require.NoError(t, err)
-	require.Equal(t, stream, inner.written())
+	require.Equal(t, stream, writtenThrough(c, inner))
 	inflight, _ := c.QuotaState()
 	require.Equal(t, 3, inflight, "counted even before a limit is known")
 }
@@ -97,7 +111,7 @@ func TestSendQuotaPassesThroughWhenFramingIsLost(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.Write(concat(qos1Publish('b'), qos1Publish('c')))
 	require.NoError(t, err)
-	require.Equal(t, concat(half, qos1Publish('b'), qos1Publish('c')), inner.written())
+	require.Equal(t, concat(half, qos1Publish('b'), qos1Publish('c')), writtenThrough(c, inner))
 }
 
 func TestSendQuotaBoundsHeldBytes(t *testing.T) {
@@ -114,15 +128,21 @@ func TestSendQuotaBoundsHeldBytes(t *testing.T) {
 	require.ErrorIs(t, err, ErrHeldTooMuch, "the connection stays failed")
 }
 
-func TestSendQuotaWriteErrorsAreSticky(t *testing.T) {
+func TestWriteErrorsAreSticky(t *testing.T) {
 	broken := errors.New("broken pipe")
 	inner := &recordingConn{err: broken}
 	c := NewConn(inner, 0)
+	// The write is queued; the writer goroutine meets the error, and from
+	// then on every Write returns it.
 	_, err := c.Write(qos1Publish('a'))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err = c.Write(qos0Publish('b'))
+		return err != nil
+	}, 2*time.Second, time.Millisecond)
 	require.ErrorIs(t, err, broken)
-	inner.err = nil
-	_, err = c.Write(qos0Publish('b'))
-	require.ErrorIs(t, err, broken)
+	_, err = c.Write(qos1Publish('c'))
+	require.ErrorIs(t, err, broken, "the connection stays failed")
 }
 
 // BenchmarkConnWrite measures the outbound path: a QoS 1 publish of 100
@@ -144,4 +164,6 @@ func BenchmarkConnWrite(b *testing.B) {
 
 type discardConn struct{ net.Conn }
 
-func (discardConn) Write(p []byte) (int, error) { return len(p), nil }
+func (discardConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (discardConn) SetWriteDeadline(time.Time) error { return nil }
+func (discardConn) Close() error                     { return nil }

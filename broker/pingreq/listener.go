@@ -2,6 +2,7 @@ package pingreq
 
 import (
 	"net"
+	"sync/atomic"
 
 	"github.com/mochi-mqtt/server/v2/listeners"
 )
@@ -11,6 +12,9 @@ import (
 type listener struct {
 	listeners.Listener
 	max int
+
+	guard  *Guard       // nil: no limits (WrapListener)
+	active atomic.Int64 // connections admitted and not yet ended, counted with a guard's MaxConnections
 }
 
 // WrapListener returns a listener that delegates to l but wraps each
@@ -25,6 +29,9 @@ func WrapListener(l listeners.Listener, maxPayload int) listeners.Listener {
 // Serve serves the inner listener, wrapping every connection it accepts.
 func (l *listener) Serve(establish listeners.EstablishFn) {
 	l.Listener.Serve(func(id string, c net.Conn) error {
+		if l.guard != nil {
+			return l.guard.establish(l, id, c, establish)
+		}
 		return establish(id, NewConn(c, l.max))
 	})
 }

@@ -1,0 +1,155 @@
+package pingreq
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tcpPair returns the two ends of a loopback TCP connection, the server
+// end with small socket buffers so that a peer that does not read fills
+// it quickly.
+func tcpPair(t *testing.T) (server *net.TCPConn, client *net.TCPConn) {
+	t.Helper()
+	server, client = tcpPairDefaultBuffers(t)
+	require.NoError(t, server.SetWriteBuffer(4096))
+	require.NoError(t, client.SetReadBuffer(4096))
+	return server, client
+}
+
+// tcpPairDefaultBuffers returns the two ends of a loopback TCP connection
+// with the kernel's default buffers.
+func tcpPairDefaultBuffers(t *testing.T) (server *net.TCPConn, client *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	cc, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	sc := <-accepted
+	require.NotNil(t, sc)
+	server, client = sc.(*net.TCPConn), cc.(*net.TCPConn)
+	t.Cleanup(func() { _ = server.Close(); _ = client.Close() })
+	return server, client
+}
+
+// TestWriteNeverBlocksOnAPeerThatDoesNotRead: with the peer reading
+// nothing, 1 MiB of writes all return at once; the bytes wait in the
+// outbox.
+func TestWriteNeverBlocksOnAPeerThatDoesNotRead(t *testing.T) {
+	server, _ := tcpPair(t)
+	c := NewConn(server, 0)
+	pk := filled(0x32, 64<<10, 'x')
+	start := time.Now()
+	for range 16 {
+		_, err := c.Write(pk)
+		require.NoError(t, err)
+	}
+	require.Less(t, time.Since(start), time.Second)
+	require.Greater(t, c.WriteStats().QueuedBytes, 512<<10, "most of it is still queued")
+}
+
+// TestWriteTimeoutEndsAStuckConnection: a peer that accepts no byte for the
+// write timeout has its connection closed; later writes fail.
+func TestWriteTimeoutEndsAStuckConnection(t *testing.T) {
+	server, client := tcpPair(t)
+	c := NewConn(server, 0)
+	c.SetWriteLimits(WriteLimits{Timeout: 200 * time.Millisecond})
+	pk := filled(0x32, 64<<10, 'x')
+	for range 16 {
+		_, err := c.Write(pk)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return c.WriteStats().WriteTimeout }, 3*time.Second, 10*time.Millisecond)
+	var err error
+	require.Eventually(t, func() bool {
+		_, err = c.Write(pk)
+		return err != nil
+	}, time.Second, time.Millisecond)
+	require.ErrorIs(t, err, ErrWriteTimeout)
+	// The socket is closed: the peer reads what was sent, then EOF.
+	require.NoError(t, client.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = io.Copy(io.Discard, client)
+	require.NoError(t, err, "EOF, not a timeout")
+}
+
+// TestSlowReaderIsNotTimedOut: a peer that reads slowly but steadily keeps
+// its connection, however long the whole transfer takes. (Default socket
+// buffers: with tiny ones, Linux reopens the window only through
+// zero-window probes, which back off for longer than any sane timeout.)
+func TestSlowReaderIsNotTimedOut(t *testing.T) {
+	server, client := tcpPairDefaultBuffers(t)
+	c := NewConn(server, 0)
+	const timeout = 200 * time.Millisecond
+	c.SetWriteLimits(WriteLimits{Timeout: timeout, MaxQueuedBytes: 32 << 20})
+	pk := filled(0x32, 16<<20, 'x')
+	_, err := c.Write(pk)
+	require.NoError(t, err)
+	got := 0
+	buf := make([]byte, 256<<10)
+	start := time.Now()
+	for got < len(pk) {
+		n, err := client.Read(buf)
+		require.NoError(t, err, "after %d bytes in %v; %+v", got, time.Since(start), c.WriteStats())
+		got += n
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.Greater(t, time.Since(start), timeout, "the transfer outlasted the timeout")
+	require.False(t, c.WriteStats().WriteTimeout)
+	_, err = c.Write(qos0Publish('z'))
+	require.NoError(t, err)
+}
+
+// TestFullOutboxDropsQoS0AndEndsOnOthers: over the limit QoS 0 publishes
+// are dropped and counted (the client loses only its own QoS 0 messages);
+// past twice the limit anything else ends the connection, so memory stays
+// bounded.
+func TestFullOutboxDropsQoS0AndEndsOnOthers(t *testing.T) {
+	server, _ := tcpPair(t)
+	c := NewConn(server, 0)
+	c.SetWriteLimits(WriteLimits{MaxQueuedBytes: 256 << 10})
+	q0 := filled(0x30, 16<<10, 'a')
+	for range 200 {
+		_, err := c.Write(q0)
+		require.NoError(t, err, "QoS 0 is dropped, never an error")
+	}
+	st := c.WriteStats()
+	require.Greater(t, st.DroppedQoS0, uint64(100))
+	require.LessOrEqual(t, st.QueuedBytes, 256<<10)
+
+	q1 := filled(0x32, 16<<10, 'b')
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		_, err = c.Write(q1)
+	}
+	require.ErrorIs(t, err, ErrOutboxFull)
+	require.LessOrEqual(t, c.WriteStats().QueuedBytes, 512<<10)
+}
+
+// TestCloseSendsWhatIsQueued: a packet written just before Close (Mochi's
+// DISCONNECT or error CONNACK) reaches the peer before the socket closes.
+func TestCloseSendsWhatIsQueued(t *testing.T) {
+	server, client := tcpPair(t)
+	c := NewConn(server, 0)
+	disconnect := []byte{0xE0, 0x01, 0x8B}
+	big := filled(0x30, 32<<10, 'x')
+	_, err := c.Write(big)
+	require.NoError(t, err)
+	_, err = c.Write(disconnect)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	require.NoError(t, client.SetReadDeadline(time.Now().Add(5*time.Second)))
+	got, err := io.ReadAll(client)
+	require.NoError(t, err)
+	require.Equal(t, concat(big, disconnect), got)
+	require.True(t, bytes.HasSuffix(got, disconnect))
+}
