@@ -15,6 +15,7 @@ type MetricsCollector struct {
 
 	selections, pending, serviceTime, processingTime, inflight, predictedWait, online *prometheus.Desc
 	reports, oversized, fallbacks                                                     *prometheus.Desc
+	redispatched, parked                                                              *prometheus.Desc
 }
 
 // NewMetricsCollector returns a collector for hook and its engine.
@@ -43,13 +44,17 @@ func NewMetricsCollector(hook *SelectionHook) *MetricsCollector {
 			"Extended PINGREQs whose report exceeded the size limit (client disconnected).", nil, nil),
 		fallbacks: prometheus.NewDesc("luffymq_selection_fallbacks_total",
 			"Messages for which the engine knew no member of a matched group.", nil, nil),
+		redispatched: prometheus.NewDesc("luffymq_redispatched_messages_total",
+			"Unacknowledged QoS 1/2 messages of departed shared-group members, by outcome: delivered to another member, parked for want of one, dropped from the full park, unroutable (sent under a topic alias).", []string{"outcome"}, nil),
+		parked: prometheus.NewDesc("luffymq_redispatch_parked_messages",
+			"Re-dispatched messages waiting for a member of their group.", nil, nil),
 	}
 }
 
 // Describe sends the descriptors of every metric.
 func (c *MetricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.selections, c.pending, c.serviceTime, c.processingTime,
-		c.inflight, c.predictedWait, c.online, c.reports, c.oversized, c.fallbacks} {
+		c.inflight, c.predictedWait, c.online, c.reports, c.oversized, c.fallbacks, c.redispatched, c.parked} {
 		ch <- d
 	}
 }
@@ -79,4 +84,39 @@ func (c *MetricsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.oversized, prometheus.CounterValue, float64(r.Oversized.Load()))
 	ch <- prometheus.MustNewConstMetric(c.fallbacks, prometheus.CounterValue, float64(c.hook.Fallbacks.Load()))
+	rd := &c.hook.Redispatch
+	for outcome, n := range map[string]uint64{
+		"delivered":  rd.Redispatched.Load(),
+		"parked":     rd.Parked.Load(),
+		"dropped":    rd.ParkedDropped.Load(),
+		"unroutable": rd.Unroutable.Load(),
+	} {
+		ch <- prometheus.MustNewConstMetric(c.redispatched, prometheus.CounterValue, float64(n), outcome)
+	}
+	ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(c.hook.ParkedRedispatch()))
+}
+
+// TopicRulesCollector exposes a TopicRulesHook's counters to Prometheus.
+type TopicRulesCollector struct {
+	hook    *TopicRulesHook
+	refused *prometheus.Desc
+}
+
+// NewTopicRulesCollector returns a collector for hook's counters.
+func NewTopicRulesCollector(hook *TopicRulesHook) *TopicRulesCollector {
+	return &TopicRulesCollector{hook: hook, refused: prometheus.NewDesc("luffymq_topic_rules_refusals_total",
+		"What the topic rules kept from clients, by rule: subscribe_reserved ($luffy/ filters), publish_reserved ($luffy/ topics other than the client's own load report), retained_dollar and shared_dollar ($ topics kept from filters starting with a wildcard).",
+		[]string{"rule"}, nil)}
+}
+
+// Describe sends the descriptor.
+func (c *TopicRulesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.refused }
+
+// Collect sends the current values.
+func (c *TopicRulesCollector) Collect(ch chan<- prometheus.Metric) {
+	n := &c.hook.Counters
+	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n.ReadsRefused.Load()), "subscribe_reserved")
+	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n.PublishesRefused.Load()), "publish_reserved")
+	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n.RetainedWithheld.Load()), "retained_dollar")
+	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n.SharedWithheld.Load()), "shared_dollar")
 }

@@ -91,6 +91,11 @@ type SelectionConfig struct {
 	Server *mqtt.Server
 	// ReportInterval is announced to MQTT v5 clients in every CONNACK.
 	ReportInterval time.Duration
+	// RedispatchGrace is how long a disconnected persistent session of a
+	// shared-group member keeps its unacknowledged messages before they
+	// are re-dispatched to the rest of the group; 0 keeps them until the
+	// session expires. Clean sessions re-dispatch at once.
+	RedispatchGrace time.Duration
 }
 
 // ReportChannel says how a load report arrived.
@@ -133,6 +138,11 @@ type SelectionHook struct {
 	// group Mochi matched (a race with subscribe/unsubscribe); Mochi's
 	// own choice was kept.
 	Fallbacks atomic.Uint64
+	// Redispatch counts unacknowledged messages of departed members given
+	// to the rest of their group (see redispatch.go).
+	Redispatch RedispatchCounters
+
+	redispatch redispatcher
 }
 
 // NewSelectionHook returns a hook for cfg.
@@ -176,19 +186,11 @@ var selectionEvents = func() (t [256]bool) {
 		mqtt.OnQosComplete,
 		mqtt.OnQosDropped,
 		mqtt.OnPublishDropped,
-		mqtt.OnACLCheck,
 	} {
 		t[e] = true
 	}
 	return t
 }()
-
-// OnACLCheck lets every authenticated client publish its own load report,
-// whatever the ACL says of other topics: the report is consumed by the
-// broker, applies only to the publisher and is never routed.
-func (h *SelectionHook) OnACLCheck(_ *mqtt.Client, topic string, write bool) bool {
-	return write && topic == report.LoadTopic
-}
 
 // OnSessionEstablish hands the client's Receive Maximum to its connection
 // before Mochi sends anything on it (in-flight messages of a resumed
@@ -231,33 +233,54 @@ func (h *SelectionHook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) 
 // OnDisconnect marks the client offline, or forgets it when its session
 // ends. A connection replaced by a newer one with the same client ID
 // changes nothing: the new session owns the state.
+//
+// A member's unacknowledged messages go to the rest of its groups when its
+// session ends with the connection, or after RedispatchGrace for a
+// persistent session (see redispatch.go).
 func (h *SelectionHook) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
+	st := h.lookup(cl)
 	h.conns.Delete(cl)
 	if cl.IsTakenOver() {
 		return
 	}
 	h.cfg.Engine.Disconnect(cl.ID, expire)
+	switch {
+	case !st.isMember():
+	case expire:
+		h.redispatchUnacknowledged(cl)
+	case h.cfg.RedispatchGrace > 0:
+		h.scheduleRedispatch(cl, h.cfg.RedispatchGrace)
+	}
 }
 
 // OnClientExpired forgets a client whose session expired while it was
 // disconnected: the engine releases all its state.
+// Its unacknowledged shared-group messages then go to the rest of its
+// groups.
 func (h *SelectionHook) OnClientExpired(cl *mqtt.Client) {
 	h.conns.Delete(cl)
+	member := h.cfg.Engine.IsMember(cl.ID)
 	h.cfg.Engine.Disconnect(cl.ID, true)
+	if member {
+		h.redispatchUnacknowledged(cl)
+	}
 }
 
 // OnSubscribed adds the client to every shared group it was granted.
 func (h *SelectionHook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes []byte) {
-	joined := false
+	var joined []string
 	for i, sub := range pk.Filters {
 		if i < len(reasonCodes) && reasonCodes[i] < packets.ErrUnspecifiedError.Code && mqtt.IsSharedFilter(sub.Filter) {
 			h.cfg.Engine.Join(sub.Filter, cl.ID)
-			joined = true
+			joined = append(joined, sub.Filter)
 		}
 	}
-	if joined && !h.stateOf(cl).member.Swap(true) {
+	if len(joined) > 0 && !h.stateOf(cl).member.Swap(true) {
 		h.cfg.Engine.SetReceiveMaximum(cl.ID, int(cl.Properties.Props.ReceiveMaximum))
 		h.resyncInFlight(cl)
+	}
+	if len(joined) > 0 && h.ParkedRedispatch() > 0 {
+		h.releaseParked(joined)
 	}
 }
 
@@ -343,6 +366,8 @@ func (h *SelectionHook) applyReport(cl *mqtt.Client, payload []byte, via ReportC
 // OnPacketEncode announces the report interval in successful MQTT v5
 // CONNACKs as the User Property luffy-report-interval-ms.
 //
+// It sets DUP on re-dispatched messages (see redispatch.go).
+//
 // It also keeps User Properties on PUBLISH, CONNACK and DISCONNECT when the
 // client asked for no problem information: Mochi strips them from every
 // packet then, but MQTT-3.1.2-29 forbids them only on other packets, and
@@ -351,7 +376,12 @@ func (h *SelectionHook) applyReport(cl *mqtt.Client, payload []byte, via ReportC
 // every message.
 func (h *SelectionHook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	switch pk.FixedHeader.Type {
-	case packets.Publish, packets.Disconnect:
+	case packets.Publish:
+		pk.Mods.DisallowProblemInfo = false
+		if pk.Origin == RedispatchOrigin && pk.FixedHeader.Qos > 0 {
+			pk.FixedHeader.Dup = true // Mochi clears it when it copies a delivery
+		}
+	case packets.Disconnect:
 		pk.Mods.DisallowProblemInfo = false
 	case packets.Connack:
 		pk.Mods.DisallowProblemInfo = false
@@ -365,6 +395,7 @@ func (h *SelectionHook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packe
 // OnSelectSubscribers picks the receiving member of every shared group
 // that matched the message.
 func (h *SelectionHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
+	h.restrictToRedispatchGroup(subs, pk)
 	msg := scoring.Message{PublisherID: pk.Origin, Topic: pk.TopicName}
 	for filter, members := range subs.Shared {
 		id, ok := h.cfg.Engine.SelectMember(filter, msg)

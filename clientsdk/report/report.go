@@ -29,9 +29,15 @@ import (
 )
 
 const (
+	// ReservedTopicPrefix starts every topic the broker reserves for
+	// itself: nothing on them is retained or routed, no client may
+	// subscribe to them, and a client may publish on them only its own
+	// load report, to LoadTopic.
+	ReservedTopicPrefix = "$luffy/"
+
 	// LoadTopic is the topic a client publishes its own load report to.
 	// The broker consumes such publishes; they are never routed.
-	LoadTopic = "$luffy/load"
+	LoadTopic = ReservedTopicPrefix + "load"
 
 	// ReportIntervalProperty is the CONNACK User Property in which the
 	// broker announces the report interval in milliseconds.
@@ -203,7 +209,8 @@ func wholeNumber(key string, v json.RawMessage, max float64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if f < 0 || f != math.Trunc(f) || f > max {
+	// max may be 2^63 - 1, which float64 rounds to 2^63: refuse that too.
+	if f < 0 || f != math.Trunc(f) || f > max || f >= 0x1p63 {
 		return 0, fmt.Errorf("%w: %s must be a whole number from 0 to %.0f, got %s", ErrMalformed, key, max, v)
 	}
 	return int64(f), nil

@@ -119,32 +119,3 @@ func TestDecodeVarint(t *testing.T) {
 	_, _, err = DecodeVarint([]byte{0x80})
 	require.Error(t, err)
 }
-
-func FuzzDecode(f *testing.F) {
-	f.Add([]byte(`{"msgsInQueue": 3, "processingTimePerMsg": 25.5}`))
-	f.Add([]byte(`{"numberOfMsgsInQueue": 7, "processingTimerPerMsg": 50}`))
-	f.Add([]byte(`{"msgsInQueue":4,"processingTimePerMsg":10,"workers":2,"inProgress":2,"backlogMs":20.5,"received":99}`))
-	f.Add([]byte("\x05\x26\x00\x01a\x00{\"msgsInQueue\": 6}"))
-	f.Add([]byte("\xff\xff\xff\xff"))
-	f.Add([]byte(`{"msgsInQueue": -1e400}`))
-	f.Fuzz(func(t *testing.T, payload []byte) {
-		r, err := Decode(payload)
-		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("error %v does not wrap ErrMalformed", err)
-			}
-			return
-		}
-		if r.Pending < 0 || r.ProcessingTime < 0 || r.Workers < 0 || r.InProgress < 0 || r.Backlog < 0 {
-			t.Fatalf("decoded negative values: %+v", r)
-		}
-		// What decodes must re-encode to the same report.
-		again, err := Decode(Encode(r))
-		if err != nil {
-			t.Fatalf("re-decoding %+v: %v", r, err)
-		}
-		if again.Pending != r.Pending || again.Workers != r.Workers || again.Received != r.Received {
-			t.Fatalf("round trip changed %+v into %+v", r, again)
-		}
-	})
-}

@@ -1,0 +1,225 @@
+package hooks
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+// Re-dispatch: when a shared-group member goes away with QoS≥1 messages it
+// never acknowledged, those messages go to the other members of the group
+// instead of dying with its session (as EMQX does).
+//
+// A message is re-dispatched when the member's session ends (a clean
+// session's connection ends, or a persistent session expires) or, for a
+// persistent session, after SelectionConfig.RedispatchGrace offline. It is
+// taken out of the departed session's in-flight store, so a member that
+// reconnects to its living session never gets a second copy, and published
+// again through Mochi as the RedispatchOrigin client, DUP set, to that one
+// group only: OnSelectSubscribers keeps only the group and leaves the
+// departed member out, and the engine selects the receiver as for any
+// message. With no other member, the message is parked (at most
+// MaxParkedRedispatch, oldest dropped first) until a member joins.
+//
+// A message counts for the first group (in filter order) of the departed
+// member that matches its topic: with overlapping groups Mochi merges the
+// member's deliveries into one, and which group selected it is not
+// recorded. Messages already received (a QoS 2 delivery past PUBREC) are
+// the client's, and are not re-dispatched.
+
+// RedispatchOrigin is the client ID re-dispatched messages are published
+// as (their Origin inside the broker); it is never a connected client.
+const RedispatchOrigin = "$luffymq-redispatch"
+
+// MaxParkedRedispatch is how many re-dispatched messages wait, across all
+// groups, for a group that has no member left.
+const MaxParkedRedispatch = 10000
+
+// RedispatchCounters counts what re-dispatch did.
+type RedispatchCounters struct {
+	// Redispatched counts messages given to another member of their group.
+	Redispatched atomic.Uint64
+	// Parked counts messages that waited for a group with no member left.
+	Parked atomic.Uint64
+	// ParkedDropped counts parked messages dropped over MaxParkedRedispatch.
+	ParkedDropped atomic.Uint64
+	// Unroutable counts unacknowledged messages that could not be
+	// re-dispatched (sent under a topic alias, without their topic name).
+	Unroutable atomic.Uint64
+}
+
+// parkedMessage is a re-dispatched message waiting for a member.
+type parkedMessage struct {
+	group string
+	pk    packets.Packet
+}
+
+// redispatcher holds re-dispatch state. One message is injected at a time:
+// OnSelectSubscribers, called from inside the injection on the same
+// goroutine, reads group and exclude.
+type redispatcher struct {
+	mu        sync.Mutex
+	inline    *mqtt.Client
+	group     string // the group being injected to; "" outside an injection
+	exclude   string // the departed member
+	delivered bool   // a member of group was there to receive it
+	parked    []parkedMessage
+}
+
+// redispatchUnacknowledged re-dispatches the QoS≥1 deliveries cl never
+// acknowledged, taking them out of its session.
+func (h *SelectionHook) redispatchUnacknowledged(cl *mqtt.Client) {
+	for _, pk := range cl.State.Inflight.GetAll(false) {
+		if pk.FixedHeader.Type != packets.Publish || pk.FixedHeader.Qos == 0 {
+			continue
+		}
+		if pk.TopicName == "" {
+			h.Redispatch.Unroutable.Add(1)
+			continue
+		}
+		group, ok := h.groupOf(cl.ID, pk.TopicName)
+		if !ok {
+			continue // a plain subscription's delivery: the session's own
+		}
+		if cl.State.Inflight.Delete(pk.PacketID) {
+			atomic.AddInt64(&h.cfg.Server.Info.Inflight, -1)
+		}
+		h.inject(group, cl.ID, pk)
+	}
+}
+
+// groupOf returns the first shared group, in filter order, of which
+// clientID is a member and whose filter matches topic.
+func (h *SelectionHook) groupOf(clientID, topic string) (string, bool) {
+	subs := h.cfg.Server.Topics.Subscribers(topic)
+	var groups []string
+	for filter, members := range subs.Shared {
+		if _, ok := members[clientID]; ok {
+			groups = append(groups, filter)
+		}
+	}
+	if len(groups) == 0 {
+		return "", false
+	}
+	return slices.Min(groups), true
+}
+
+// inject publishes pk again to group only, leaving out the member exclude;
+// with nobody to receive it, it is parked.
+func (h *SelectionHook) inject(group, exclude string, pk packets.Packet) {
+	out := pk.Copy(false)
+	out.FixedHeader.Dup = true
+	out.FixedHeader.Retain = false
+	out.PacketID = 1 // Mochi ignores it for an inline publish, but checks it is set
+	out.Properties.TopicAlias, out.Properties.TopicAliasFlag = 0, false
+	out.Properties.SubscriptionIdentifier = nil
+
+	r := &h.redispatch
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inline == nil {
+		r.inline = h.cfg.Server.NewClient(nil, "local", RedispatchOrigin, true)
+		r.inline.Properties.ProtocolVersion = 5
+	}
+	// Mochi consults OnSelectSubscribers only when some group matches:
+	// without a member of this one, plain subscribers would get a copy.
+	delivered := false
+	if h.hasOtherMember(group, exclude, out.TopicName) {
+		r.group, r.exclude, r.delivered = group, exclude, false
+		err := h.cfg.Server.InjectPacket(r.inline, out)
+		delivered = r.delivered && err == nil
+		r.group, r.exclude = "", ""
+	}
+	if delivered {
+		h.Redispatch.Redispatched.Add(1)
+		return
+	}
+	h.Redispatch.Parked.Add(1)
+	if len(r.parked) == MaxParkedRedispatch {
+		r.parked[0] = parkedMessage{}
+		r.parked = r.parked[1:]
+		h.Redispatch.ParkedDropped.Add(1)
+	}
+	r.parked = append(r.parked, parkedMessage{group: group, pk: out})
+}
+
+// hasOtherMember reports whether group has a member besides exclude that
+// is subscribed to topic.
+func (h *SelectionHook) hasOtherMember(group, exclude, topic string) bool {
+	members := h.cfg.Server.Topics.Subscribers(topic).Shared[group]
+	_, excluded := members[exclude]
+	return len(members) > 0 && !(excluded && len(members) == 1)
+}
+
+// restrictToRedispatchGroup narrows the subscribers of a message being
+// re-dispatched to its group, without the departed member. It reports
+// whether subs is such a message's.
+func (h *SelectionHook) restrictToRedispatchGroup(subs *mqtt.Subscribers, pk packets.Packet) bool {
+	if pk.Origin != RedispatchOrigin {
+		return false
+	}
+	// Called on the injecting goroutine, which holds r.mu.
+	r := &h.redispatch
+	clear(subs.Subscriptions)
+	clear(subs.InlineSubscriptions)
+	for filter, members := range subs.Shared {
+		if filter != r.group {
+			delete(subs.Shared, filter)
+			continue
+		}
+		delete(members, r.exclude)
+		if len(members) == 0 {
+			delete(subs.Shared, filter)
+			continue
+		}
+		r.delivered = true
+	}
+	return true
+}
+
+// releaseParked re-dispatches the parked messages of the groups a client
+// just joined.
+func (h *SelectionHook) releaseParked(groups []string) {
+	r := &h.redispatch
+	r.mu.Lock()
+	var ready []parkedMessage
+	kept := r.parked[:0]
+	for _, m := range r.parked {
+		if slices.Contains(groups, m.group) {
+			ready = append(ready, m)
+		} else {
+			kept = append(kept, m)
+		}
+	}
+	clear(r.parked[len(kept):])
+	r.parked = kept
+	r.mu.Unlock()
+	for _, m := range ready {
+		h.inject(m.group, "", m.pk)
+	}
+}
+
+// ParkedRedispatch returns how many re-dispatched messages wait for a
+// group member.
+func (h *SelectionHook) ParkedRedispatch() int {
+	r := &h.redispatch
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.parked)
+}
+
+// scheduleRedispatch re-dispatches a disconnected persistent session's
+// unacknowledged messages after the grace period, unless the client came
+// back (a new connection replaces cl) in the meantime.
+func (h *SelectionHook) scheduleRedispatch(cl *mqtt.Client, grace time.Duration) {
+	time.AfterFunc(grace, func() {
+		cur, ok := h.cfg.Server.Clients.Get(cl.ID)
+		if ok && cur == cl && cl.Closed() {
+			h.redispatchUnacknowledged(cl)
+		}
+	})
+}
