@@ -377,7 +377,7 @@ func throughputCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	repeat := fs.Int("repeat", 3, "runs of each test on each system (medians are reported)")
 	timeout := fs.Duration("timeout", 60*time.Second, "longest time one measurement may take")
 	stall := fs.Duration("stall-window", DefaultStallWindow, "a broker whose delivered count stays flat this long with messages still owed has stalled (no rate is reported for that run)")
-	systems := fs.String("systems", strings.Join(ThroughputSystems, ","), "comma-separated subset of "+strings.Join(ThroughputSystems, ", "))
+	systems := fs.String("systems", strings.Join(ThroughputSystems, ","), "comma-separated subset of "+strings.Join(ThroughputSystems, ", ")+"; may add "+strings.Join(ThroughputOptionalSystems, ", ")+" (luffymq with --data-dir in a temporary directory)")
 	luffymq := fs.String("luffymq", "", "luffymq binary (default: build ./cmd/luffymq of the current module)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -385,12 +385,24 @@ func throughputCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	sys, err := ParseSystems(*systems)
-	if err != nil {
-		return err
+	var optional, listed []string
+	for _, s := range strings.Split(*systems, ",") {
+		if slices.Contains(ThroughputOptionalSystems, strings.TrimSpace(s)) {
+			optional = append(optional, strings.TrimSpace(s))
+		} else {
+			listed = append(listed, s)
+		}
 	}
+	var sys []string
+	if len(listed) > 0 || len(optional) == 0 {
+		var err error
+		if sys, err = ParseSystems(strings.Join(listed, ",")); err != nil {
+			return err
+		}
+	}
+	sys = append(sys, optional...)
 	for _, s := range sys {
-		if !slices.Contains(ThroughputSystems, s) {
+		if !slices.Contains(ThroughputSystems, s) && !slices.Contains(ThroughputOptionalSystems, s) {
 			return fmt.Errorf("system %s is not part of the throughput set (%s)", s, strings.Join(ThroughputSystems, ", "))
 		}
 	}
@@ -469,7 +481,7 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 					eta = fmtDur(elapsed / time.Duration(k-1) * time.Duration(n-k+1))
 				}
 				fmt.Fprintf(progress, "[%d/%d] throughput %s · %s · repeat %d/%d · elapsed %s · ETA %s\n", k, n, t.ID, sys, r, cfg.Repeat, fmtDur(elapsed), eta)
-				br, err := starter.start(ctx, sys, time.Second, fmt.Sprintf("throughput-%s-%s-r%d", t.ID, sys, r))
+				br, err := startThroughputBroker(ctx, starter, sys, time.Second, fmt.Sprintf("throughput-%s-%s-r%d", t.ID, sys, r))
 				if err != nil {
 					return fmt.Errorf("throughput %s on %s: %w", t.ID, sys, err)
 				}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,37 @@ var ThroughputTests = []ThroughputTest{
 
 // ThroughputSystems are the systems set B compares.
 var ThroughputSystems = []string{"luffymq-adaptive", "luffymq-round-robin", SystemMochi, SystemMosquitto}
+
+// SystemLuffyMQPersist is luffymq (adaptive strategy) with --data-dir in a
+// fresh temporary directory, to measure what persistence costs. It is not
+// in ThroughputSystems; name it in --systems to run it.
+const SystemLuffyMQPersist = "luffymq-adaptive-persist"
+
+// ThroughputOptionalSystems can be named in --systems but are not run by
+// default.
+var ThroughputOptionalSystems = []string{SystemLuffyMQPersist}
+
+// startThroughputBroker starts system's broker for one set-B run: the
+// persistent luffymq here, every other system through starter.
+func startThroughputBroker(ctx context.Context, starter brokerStarter, system string, reportInterval time.Duration, logName string) (runningBroker, error) {
+	if system != SystemLuffyMQPersist {
+		return starter.start(ctx, system, reportInterval, logName)
+	}
+	dir, err := os.MkdirTemp("", "luffy-bench-data-")
+	if err != nil {
+		return nil, fmt.Errorf("luffymq data dir: %w", err)
+	}
+	p, err := startProcess(ctx, starter.LuffyMQ, filepath.Join(starter.LogDir, logName+".broker.log"), func(addr string) ([]string, error) {
+		return []string{"--listen", addr, "--http", "", "--strategy", "adaptive", "--data-dir", dir,
+			"--report-interval", reportInterval.String(), "--log-level", "warn"}, nil
+	})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	p.cleanup = func() { _ = os.RemoveAll(dir) }
+	return p, nil
+}
 
 // ThroughputConfig sizes set B.
 type ThroughputConfig struct {
@@ -411,7 +443,7 @@ func throughputMarkdown(tp *ThroughputResults) string {
 	for _, t := range ThroughputTests {
 		mochi := throughputAggregate(tp, t.ID, SystemMochi)
 		mosq := throughputAggregate(tp, t.ID, SystemMosquitto)
-		for _, s := range ThroughputSystems {
+		for _, s := range append(slices.Clone(ThroughputSystems), ThroughputOptionalSystems...) {
 			a := throughputAggregate(tp, t.ID, s)
 			if a.Runs == 0 {
 				continue
