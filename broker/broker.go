@@ -34,9 +34,14 @@ type Broker struct {
 	server    *mqtt.Server
 	engine    *scoring.Engine
 	selection *hooks.SelectionHook
-	tlsConfig *tls.Config
-	authData  []byte
-	bridge    *bridge.Bridge
+	// topicRules enforces the '$' and $luffy/ topic rules and answers
+	// every ACL check, consulting the auth hook.
+	topicRules *hooks.TopicRulesHook
+	tlsConfig  *tls.Config
+	authData   []byte
+	bridge     *bridge.Bridge
+	guard      *pingreq.Guard
+	persist    *persistence // nil without DataDir
 
 	mu        sync.Mutex
 	started   bool
@@ -86,11 +91,39 @@ func New(cfg Config) (*Broker, error) {
 	// Mochi allocates a packet's whole remaining length before reading
 	// it; without a limit one client could make it allocate 256 MiB.
 	capabilities.MaximumPacketSize = uint32(cfg.MaxPacketSize)
+	// Connection hygiene: idle connections are closed after the connect
+	// timeout, and packets over 64 KiB are held by the connection wrapper
+	// until their bytes have arrived, so Mochi never allocates a length a
+	// client only declared.
+	b.guard = pingreq.NewGuard(pingreq.GuardConfig{
+		MaxPayload:          report.MaxPayload,
+		ConnectTimeout:      max(cfg.ConnectTimeout, 0),
+		BufferAbove:         pingreq.DefaultBufferAbove,
+		MaxPacketSize:       cfg.MaxPacketSize,
+		MaxConnections:      cfg.MaxConnections,
+		MaxConnectionsPerIP: cfg.MaxConnectionsPerIP,
+		Write:               pingreq.WriteLimits{Timeout: cfg.WriteTimeout, MaxQueuedBytes: cfg.MaxQueuedBytes},
+		Logger:              cfg.Logger,
+	})
 	b.server = mqtt.New(&mqtt.Options{
 		Logger:       cfg.Logger,
 		Capabilities: capabilities,
 		InlineClient: cfg.AMQPURL != "", // the bridge injects remote messages through it
 	})
+	// The topic rules hook goes before every other: it keeps '$' topics
+	// from shared groups with a leading wildcard before any hook picks a
+	// member, and it alone answers ACL checks (Mochi allows what any hook
+	// allows), asking the auth hook added below for what the rules allow.
+	var access mqtt.Hook = new(auth.AllowHook)
+	if b.authData != nil {
+		access = new(auth.Hook)
+	}
+	if b.topicRules, err = hooks.NewTopicRulesHook(hooks.TopicRulesConfig{Access: access}); err != nil {
+		return nil, err
+	}
+	if err := b.server.AddHook(b.topicRules, nil); err != nil {
+		return nil, fmt.Errorf("adding topic rules hook: %w", err)
+	}
 	// The bridge hook goes first: for exported groups it decides which
 	// messages reach the group before the selection hook picks the member.
 	if cfg.AMQPURL != "" {
@@ -112,9 +145,10 @@ func New(cfg Config) (*Broker, error) {
 		}
 	}
 	b.selection, err = hooks.NewSelectionHook(hooks.SelectionConfig{
-		Engine:         b.engine,
-		Server:         b.server,
-		ReportInterval: cfg.ReportInterval,
+		Engine:          b.engine,
+		Server:          b.server,
+		ReportInterval:  cfg.ReportInterval,
+		RedispatchGrace: cfg.RedispatchGrace,
 	})
 	if err != nil {
 		return nil, err
@@ -123,12 +157,19 @@ func New(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("adding selection hook: %w", err)
 	}
 	if b.authData != nil {
-		if err := b.server.AddHook(new(auth.Hook), &auth.Options{Data: b.authData}); err != nil {
+		if err := b.server.AddHook(hooks.WithoutACLCheck(access), &auth.Options{Data: b.authData}); err != nil {
 			return nil, fmt.Errorf("%w: auth-file %s: %w", ErrInvalidConfig, cfg.AuthFile, err)
 		}
 	} else {
-		if err := b.server.AddHook(new(auth.AllowHook), nil); err != nil {
+		if err := b.server.AddHook(hooks.WithoutACLCheck(access), nil); err != nil {
 			return nil, fmt.Errorf("adding allow-all hook: %w", err)
+		}
+	}
+	// Persistence goes last: its journal records a publish as the other
+	// hooks left it.
+	if cfg.DataDir != "" {
+		if b.persist, err = attachPersistence(b.server, cfg.DataDir, cfg.Logger); err != nil {
+			return nil, err
 		}
 	}
 	return b, nil
@@ -139,6 +180,9 @@ func (b *Broker) Bridge() *bridge.Bridge { return b.bridge }
 
 // Engine returns the selection engine (for status views and tests).
 func (b *Broker) Engine() *scoring.Engine { return b.engine }
+
+// TopicRules returns the topic rules hook (for its counters).
+func (b *Broker) TopicRules() *hooks.TopicRulesHook { return b.topicRules }
 
 // Selection returns the selection hook (for its counters).
 func (b *Broker) Selection() *hooks.SelectionHook { return b.selection }
@@ -158,7 +202,7 @@ func (b *Broker) Start() error {
 		b.log.Warn("anonymous access allowed: any client that reaches the listeners may connect; set --auth-file to require credentials")
 	}
 	add := func(l listeners.Listener) error {
-		return b.server.AddListener(pingreq.WrapListener(l, report.MaxPayload))
+		return b.server.AddListener(b.guard.WrapListener(l))
 	}
 	if b.cfg.MQTTListen != "" {
 		tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.cfg.MQTTListen})
@@ -258,7 +302,9 @@ func (b *Broker) Close() error {
 		}
 		if started {
 			b.disconnectClients(5 * time.Second)
-			err = b.server.Close()
+			err = b.server.Close() // stops every hook, the storage hook too
+		} else if b.persist != nil {
+			err = b.persist.close()
 		}
 		if b.http != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

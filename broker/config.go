@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/luffymq/luffymq/bridge"
+	"github.com/luffymq/luffymq/broker/pingreq"
 	"github.com/luffymq/luffymq/scoring"
 )
 
@@ -35,6 +36,28 @@ type Config struct {
 	// MaxPacketSize is the largest MQTT packet in bytes a client may send
 	// (1 MiB); a larger one ends its connection before it is read.
 	MaxPacketSize int
+	// ConnectTimeout is how long a new connection has to send its whole
+	// CONNECT packet before it is closed (5 s); negative disables it.
+	ConnectTimeout time.Duration
+	// MaxConnections is the most connections each MQTT listener holds at
+	// once; more are closed when accepted (0: no limit).
+	MaxConnections int
+	// MaxConnectionsPerIP is the most connections one source address holds
+	// at once over all MQTT listeners; more are closed when accepted (0: no
+	// limit).
+	MaxConnectionsPerIP int
+	// RedispatchGrace is how long a disconnected persistent session of a
+	// shared-group member keeps its unacknowledged messages before they go
+	// to the rest of the group (0: until the session expires). Clean
+	// sessions' messages go at once.
+	RedispatchGrace time.Duration
+	// WriteTimeout: a client that accepts no byte for this long is
+	// disconnected (30 s; negative disables).
+	WriteTimeout time.Duration
+	// MaxQueuedBytes is the per-client outbox above which QoS 0 publishes
+	// to it are dropped and counted (8 MiB); above twice this, the client
+	// is disconnected, its session keeping its QoS≥1 messages.
+	MaxQueuedBytes int
 	// AuthFile is a Mochi auth/ACL ledger (YAML or JSON). Empty allows
 	// anonymous access, with a warning.
 	AuthFile string
@@ -60,7 +83,16 @@ type Config struct {
 	// interval); its ManagementURL and Load are set from AMQPManagementURL
 	// and the selection engine.
 	WorkQueue bridge.WorkQueueConfig
+	// DataDir, set, keeps sessions, subscriptions, retained messages and
+	// in-flight QoS 1/2 messages in this directory across restarts (see
+	// persist.go); it is created if missing. Empty keeps everything in
+	// memory.
+	DataDir string
 }
+
+// DefaultConnectTimeout is the default time a new connection has to send
+// its CONNECT packet.
+const DefaultConnectTimeout = 5 * time.Second
 
 // DefaultMaxPacketSize is the default limit on an inbound MQTT packet.
 const DefaultMaxPacketSize = 1 << 20
@@ -99,6 +131,21 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxPacketSize < 64 || c.MaxPacketSize > maxMQTTPacketSize {
 		return c, fmt.Errorf("%w: max-packet-size %d must be from 64 to %d bytes", ErrInvalidConfig, c.MaxPacketSize, maxMQTTPacketSize)
 	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.MaxConnections < 0 {
+		return c, fmt.Errorf("%w: max-connections %d is negative (0 means no limit)", ErrInvalidConfig, c.MaxConnections)
+	}
+	if c.MaxConnectionsPerIP < 0 {
+		return c, fmt.Errorf("%w: max-connections-per-ip %d is negative (0 means no limit)", ErrInvalidConfig, c.MaxConnectionsPerIP)
+	}
+	if c.RedispatchGrace < 0 {
+		return c, fmt.Errorf("%w: redispatch-grace %v is negative (0 waits for the session to expire)", ErrInvalidConfig, c.RedispatchGrace)
+	}
+	if c.MaxQueuedBytes < 0 {
+		return c, fmt.Errorf("%w: max-queued-bytes %d is negative (0 selects %d)", ErrInvalidConfig, c.MaxQueuedBytes, pingreq.DefaultMaxQueuedBytes)
+	}
 	if c.MQTTListen == "" && c.TLSListen == "" && c.WSListen == "" {
 		return c, fmt.Errorf("%w: no MQTT listener: set at least one of listen, tls-listen, ws-listen", ErrInvalidConfig)
 	}
@@ -116,6 +163,11 @@ func (c Config) withDefaults() (Config, error) {
 			WorkQueue: bridge.WorkQueueConfig{ManagementURL: c.AMQPManagementURL, Load: noLoad{}}}
 		if err := bc.Validate(); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	if c.DataDir != "" {
+		if err := prepareDataDir(c.DataDir); err != nil {
+			return c, err
 		}
 	}
 	if c.Logger == nil {

@@ -63,6 +63,27 @@ type OverviewResponse struct {
 	ReportsAccepted  uint64  `json:"reports_accepted"`
 	ReportsMalformed uint64  `json:"reports_malformed"`
 	ReportsOversized uint64  `json:"reports_oversized"`
+	// ConnectTimeouts counts connections closed for not sending their
+	// CONNECT within the connect timeout; ConnectionsRefused those closed
+	// at accept because a connection limit was reached.
+	ConnectTimeouts    uint64             `json:"connect_timeouts"`
+	ConnectionsRefused ConnectionsRefused `json:"connections_refused"`
+	// QoS0Dropped counts QoS 0 publishes dropped for clients whose outbox
+	// was full; SlowClientsDisconnected clients ended for not reading.
+	QoS0Dropped             uint64 `json:"qos0_dropped_slow_client"`
+	SlowClientsDisconnected uint64 `json:"slow_clients_disconnected"`
+	// Redispatched counts departed members' unacknowledged messages given
+	// to the rest of their group; RedispatchParked those waiting for a
+	// member now.
+	Redispatched     uint64 `json:"redispatched"`
+	RedispatchParked int    `json:"redispatch_parked"`
+}
+
+// ConnectionsRefused counts connections closed at accept, by the limit
+// that was reached.
+type ConnectionsRefused struct {
+	ListenerLimit uint64 `json:"listener_limit"`
+	IPLimit       uint64 `json:"ip_limit"`
 }
 
 // Overview returns the broker-wide figures of GET /api/v1/overview.
@@ -80,6 +101,13 @@ func (b *Broker) Overview() OverviewResponse {
 		MessagesDropped:  atomic.LoadInt64(&info.MessagesDropped),
 		ReportsOversized: r.Oversized.Load(),
 	}
+	gs := b.guard.Stats()
+	o.ConnectTimeouts = gs.ConnectTimeouts
+	o.ConnectionsRefused = ConnectionsRefused{ListenerLimit: gs.RefusedListenerLimit, IPLimit: gs.RefusedIPLimit}
+	o.QoS0Dropped = b.guard.Outbox.DroppedQoS0.Load()
+	o.SlowClientsDisconnected = b.guard.Outbox.WriteTimeouts.Load() + b.guard.Outbox.OutboxFull.Load()
+	o.Redispatched = b.selection.Redispatch.Redispatched.Load()
+	o.RedispatchParked = b.selection.ParkedRedispatch()
 	for i := range r.Accepted {
 		o.ReportsAccepted += r.Accepted[i].Load()
 		o.ReportsMalformed += r.Malformed[i].Load()
@@ -134,6 +162,8 @@ func (b *Broker) httpHandler() http.Handler {
 	registry.MustRegister(
 		hooks.NewMetricsCollector(b.selection),
 		newServerInfoCollector(b.server),
+		b.guard.Collector(),
+		hooks.NewTopicRulesCollector(b.topicRules),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -176,11 +176,14 @@ func TestOversizedPacketEndsConnectionBeforeItIsRead(t *testing.T) {
 
 func TestLoadTopicPublishIsConsumedNotRouted(t *testing.T) {
 	b := startBroker(t, nil)
-	// A subscriber to everything, and one to the load topic itself, must
-	// never see reports.
+	// A subscriber to everything must never see reports, and nobody may
+	// subscribe to the load topic itself.
 	spy := connectPaho(t, b.MQTTAddr(), "spy", nil)
 	spy.subscribe(t, "#", 1)
-	spy.subscribe(t, report.LoadTopic, 1)
+	subCtx, subCancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, subErr := spy.Subscribe(subCtx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: report.LoadTopic, QoS: 1}}})
+	subCancel()
+	require.ErrorContains(t, subErr, "failed to subscribe", "SUBACK 0x87 for the load topic")
 
 	w := connectPaho(t, b.MQTTAddr(), "w1", nil)
 	w.subscribe(t, "$share/g/jobs", 1)
