@@ -31,10 +31,30 @@ import (
 
 // TestMosquittoClientsShareAGroup: standard clients work unchanged — two
 // mosquitto_sub members of one shared group and mosquitto_pub deliver every
-// message to exactly one member.
+// message to exactly one member, whether the members speak MQTT 3.1.1, 5
+// or one of each, at QoS 0 and 1.
 func TestMosquittoClientsShareAGroup(t *testing.T) {
 	subBin := testenv.RequireBinary(t, "mosquitto_sub", "mosquitto-clients")
 	pubBin := testenv.RequireBinary(t, "mosquitto_pub", "mosquitto-clients")
+	for _, tc := range []struct {
+		name     string
+		versions [2]string // mosquitto_sub -V of sub1 and sub2
+		qos      string
+	}{
+		{"mqttv5", [2]string{"mqttv5", "mqttv5"}, "0"},
+		{"mqttv311", [2]string{"mqttv311", "mqttv311"}, "0"},
+		{"mixed-qos1", [2]string{"mqttv311", "mqttv5"}, "1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runMosquittoSubMembers(t, subBin, pubBin, tc.versions, tc.qos)
+		})
+	}
+}
+
+// runMosquittoSubMembers runs two mosquitto_sub members of $share/g/t, at
+// the given protocol versions and QoS, against 100 messages from
+// mosquitto_pub, and checks each message reached exactly one of them.
+func runMosquittoSubMembers(t *testing.T, subBin, pubBin string, versions [2]string, qos string) {
 	b := startBroker(t, nil)
 	host, port, err := net.SplitHostPort(b.MQTTAddr())
 	require.NoError(t, err)
@@ -44,8 +64,8 @@ func TestMosquittoClientsShareAGroup(t *testing.T) {
 	var mu sync.Mutex
 	got := map[string][]string{}
 	var subs []*exec.Cmd
-	for _, id := range []string{"sub1", "sub2"} {
-		cmd := exec.CommandContext(ctx, subBin, "-V", "mqttv5", "-h", host, "-p", port, "-i", id, "-t", "$share/g/t")
+	for i, id := range []string{"sub1", "sub2"} {
+		cmd := exec.CommandContext(ctx, subBin, "-V", versions[i], "-q", qos, "-h", host, "-p", port, "-i", id, "-t", "$share/g/t")
 		out, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		require.NoError(t, cmd.Start())
@@ -75,7 +95,7 @@ func TestMosquittoClientsShareAGroup(t *testing.T) {
 	for i := 0; i < total; i++ {
 		fmt.Fprintf(&lines, "message-%d\n", i)
 	}
-	pub := exec.CommandContext(ctx, pubBin, "-V", "mqttv5", "-h", host, "-p", port, "-t", "t", "-l")
+	pub := exec.CommandContext(ctx, pubBin, "-V", "mqttv5", "-q", qos, "-h", host, "-p", port, "-t", "t", "-l")
 	pub.Stdin = strings.NewReader(lines.String())
 	out, err := pub.CombinedOutput()
 	require.NoError(t, err, string(out))
@@ -99,7 +119,7 @@ func TestMosquittoClientsShareAGroup(t *testing.T) {
 	}
 	require.NotEmpty(t, got["sub1"], "both members took part")
 	require.NotEmpty(t, got["sub2"], "both members took part")
-	t.Logf("sub1=%d sub2=%d", len(got["sub1"]), len(got["sub2"]))
+	t.Logf("sub1 (%s)=%d sub2 (%s)=%d", versions[0], len(got["sub1"]), versions[1], len(got["sub2"]))
 }
 
 // TestReportsOverTLSAndWebSocket: the PINGREQ-lifting reader sits on every

@@ -8,6 +8,10 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_pkgs+
 command -v mosquitto_sub >/dev/null 2>&1 || need_pkgs+=(mosquitto-clients)
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium) # dashboard browser test (chromedp)
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need_pkgs+=(rabbitmq-server)
+# Interop tests (broker/interop_clients_test.go): Python paho members run on
+# Debian's own Python; MQTT.js members need node and npm.
+/usr/bin/python3 -c 'import paho.mqtt.client' >/dev/null 2>&1 || need_pkgs+=(python3-paho-mqtt)
+command -v node >/dev/null 2>&1 || need_pkgs+=(nodejs npm)
 
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "ensure-deps: installing ${need_pkgs[*]}"
@@ -32,6 +36,19 @@ if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet rabbitmq-
   systemctl disable rabbitmq-server >/dev/null 2>&1 || true
 elif command -v update-rc.d >/dev/null 2>&1 && [ -e /etc/init.d/rabbitmq-server ]; then
   update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true
+fi
+
+# MQTT.js for the interop tests, pinned by the committed package-lock.json,
+# into a git-ignored node_modules beside it; reinstalled when the lock changes.
+interop_dir="$(cd "$(dirname "$0")/.." && pwd)/broker/testdata/interop"
+if [ ! -f "$interop_dir/node_modules/.package-lock.json" ] ||
+  [ "$interop_dir/package-lock.json" -nt "$interop_dir/node_modules/.package-lock.json" ]; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "ensure-deps: installing MQTT.js into $interop_dir/node_modules"
+    npm ci --prefix "$interop_dir" --no-audit --no-fund --loglevel=error
+  else
+    echo "ensure-deps: npm not found; the MQTT.js interop tests cannot run" >&2
+  fi
 fi
 
 go mod download
