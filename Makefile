@@ -44,8 +44,18 @@ fmt:
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./clientsdk/report/
+	$(GO) test -run '^$$' -fuzz '^FuzzVarint$$' -fuzztime $(FUZZTIME) ./clientsdk/report/
 	$(GO) test -run '^$$' -fuzz '^FuzzConnRead$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
+	$(GO) test -run '^$$' -fuzz '^FuzzConnReadMalformedLength$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
+	$(GO) test -run '^$$' -fuzz '^FuzzHeldPacketsMatchPassthrough$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
 	$(GO) test -run '^$$' -fuzz '^FuzzTopicMapping$$' -fuzztime $(FUZZTIME) ./bridge/
+	$(GO) test -run '^$$' -fuzz '^FuzzConfigMessage$$' -fuzztime $(FUZZTIME) ./bridge/
+	$(GO) test -run '^$$' -fuzz '^FuzzBridgeConfig$$' -fuzztime $(FUZZTIME) ./bridge/
+	$(GO) test -run '^$$' -fuzz '^FuzzWorkPacket$$' -fuzztime $(FUZZTIME) ./bridge/
+	$(GO) test -run '^$$' -fuzz '^FuzzLoadReport$$' -fuzztime $(FUZZTIME) ./hooks/
+	$(GO) test -run '^$$' -fuzz '^FuzzConfigFromArgs$$' -fuzztime $(FUZZTIME) ./broker/
+	$(GO) test -run '^$$' -fuzz '^FuzzConfigFile$$' -fuzztime $(FUZZTIME) ./broker/
+	$(GO) test -run '^$$' -fuzz '^FuzzAuthFile$$' -fuzztime $(FUZZTIME) ./broker/
 
 ## bench: representative benchmarks (about 15-20 min on 2 cores) into bench/results/, then refresh the README section:
 ##   thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, and throughput (3 runs, medians)
