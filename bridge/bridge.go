@@ -422,31 +422,11 @@ func (b *Bridge) inject(d amqp.Delivery) importResult {
 		qos = byte(v)
 	}
 	retain, _ := d.Headers[HeaderRetain].(bool)
-	props := packets.Properties{ContentType: d.ContentType}
-	if ups, ok := d.Headers[HeaderUserProperties].([]interface{}); ok {
-		for _, u := range ups {
-			if kv, ok := u.([]interface{}); ok && len(kv) == 2 {
-				k, _ := kv[0].(string)
-				v, _ := kv[1].(string)
-				if k != OriginUserProperty {
-					props.User = append(props.User, packets.UserProperty{Key: k, Val: v})
-				}
-			}
-		}
-	}
-	if origin == "" {
+	if origin == "" || !mqttString(origin) {
 		origin = "amqp"
 	}
+	props := propertiesFromHeaders(d, OriginUserProperty)
 	props.User = append(props.User, packets.UserProperty{Key: OriginUserProperty, Val: origin})
-	if rt, ok := d.Headers[HeaderResponseTopic].(string); ok {
-		props.ResponseTopic = rt
-	}
-	if cd, ok := d.Headers[HeaderCorrelationData].([]byte); ok {
-		props.CorrelationData = cd
-	}
-	if pf, ok := asInt(d.Headers[HeaderPayloadFormat]); ok {
-		props.PayloadFormat, props.PayloadFormatFlag = byte(pf), true
-	}
 	pk := packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: qos, Retain: retain},
 		TopicName:   topic,

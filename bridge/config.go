@@ -130,9 +130,15 @@ func checkExport(f string) error {
 		return fmt.Errorf("%w: export %q: filters starting with '$' (system topics, shared subscriptions) cannot be exported; use --export-group for $share", ErrInvalidConfig, f)
 	case !validFilter(f):
 		return fmt.Errorf("%w: export %q is not a valid MQTT topic filter", ErrInvalidConfig, f)
+	case len(ExchangeName(f)) > MaxAMQPNameLength:
+		return fmt.Errorf("%w: export %q: its exchange name %s… is longer than RabbitMQ's %d bytes; shorten the first level", ErrInvalidConfig, f, ExchangeName(f)[:32], MaxAMQPNameLength)
 	}
 	return nil
 }
+
+// MaxAMQPNameLength is the longest exchange or queue name AMQP 0-9-1
+// carries (a short string).
+const MaxAMQPNameLength = 255
 
 func validName(s string) bool {
 	if s == "" || len(s) > 64 {

@@ -131,8 +131,9 @@ func validFilter(f string) bool {
 	return true
 }
 
-// validTopic reports whether t is a valid MQTT topic name (no wildcards).
-func validTopic(t string) bool { return t != "" && !strings.ContainsAny(t, "+#") }
+// validTopic reports whether t is a valid MQTT topic name (no wildcards,
+// a valid MQTT string).
+func validTopic(t string) bool { return t != "" && !strings.ContainsAny(t, "+#") && mqttString(t) }
 
 // MatchFilter reports whether topic name t matches MQTT filter f (topics
 // starting with '$' are not matched by a leading wildcard).

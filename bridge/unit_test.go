@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,4 +187,15 @@ func TestFederationFor(t *testing.T) {
 		_, err := federationFor(m)
 		require.ErrorIs(t, err, ErrInvalidConfig, bad)
 	}
+}
+
+// TestNamesLongerThanAMQPAllowsAreRefused: an export or a configuration
+// entry whose exchange name RabbitMQ cannot carry is a configuration error
+// up front, not a failure (and retry loop) later.
+func TestNamesLongerThanAMQPAllowsAreRefused(t *testing.T) {
+	long := strings.Repeat("b", 300)
+	require.ErrorIs(t, checkExport(long+"/#"), ErrInvalidConfig)
+	require.NoError(t, checkExport(strings.Repeat("b", MaxAMQPNameLength-len(ExchangePrefix))+"/#"))
+	_, err := federationFor(configMessage{"pubsub." + long: nil})
+	require.ErrorIs(t, err, ErrInvalidConfig)
 }

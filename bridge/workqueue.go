@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"bytes"
 	"strconv"
 	"sync"
 	"time"
@@ -179,30 +178,13 @@ func (b *Bridge) workPacket(d amqp.Delivery, id string) (packets.Packet, bool) {
 	if origin == "" {
 		origin = b.cfg.Site
 	}
-	props := packets.Properties{ContentType: d.ContentType}
-	if ups, ok := d.Headers[HeaderUserProperties].([]interface{}); ok {
-		for _, u := range ups {
-			if kv, ok := u.([]interface{}); ok && len(kv) == 2 {
-				k, _ := kv[0].(string)
-				v, _ := kv[1].(string)
-				if k != OriginUserProperty && k != MessageIDUserProperty {
-					props.User = append(props.User, packets.UserProperty{Key: k, Val: v})
-				}
-			}
-		}
+	if !mqttString(origin) {
+		origin = b.cfg.Site
 	}
+	props := propertiesFromHeaders(d, OriginUserProperty, MessageIDUserProperty)
 	props.User = append(props.User,
 		packets.UserProperty{Key: OriginUserProperty, Val: origin},
 		packets.UserProperty{Key: MessageIDUserProperty, Val: id})
-	if rt, ok := d.Headers[HeaderResponseTopic].(string); ok {
-		props.ResponseTopic = rt
-	}
-	if cd, ok := d.Headers[HeaderCorrelationData].([]byte); ok {
-		props.CorrelationData = bytes.Clone(cd)
-	}
-	if pf, ok := asInt(d.Headers[HeaderPayloadFormat]); ok {
-		props.PayloadFormat, props.PayloadFormatFlag = byte(pf), true
-	}
 	pk := packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: qos},
 		TopicName:   topic,
@@ -220,7 +202,7 @@ func (b *Bridge) workPacket(d amqp.Delivery, id string) (packets.Packet, bool) {
 // delivered). It reports false when no member took it.
 func (b *Bridge) deliverWork(g *workGroup, d amqp.Delivery, gen uint64, source wqSource) bool {
 	id := d.MessageId
-	if id == "" {
+	if id == "" || !mqttString(id) {
 		id = "amqp-" + b.bootID + "-" + strconv.FormatUint(b.seq.Add(1), 10)
 	}
 	b.stats.wqReceived(g.name, source)

@@ -369,6 +369,8 @@ func federationFor(m configMessage) ([]ExchangeFederation, error) {
 			x = ExchangeFederation{Exchange: IntakeExchangeName(g), UpstreamExchange: DeadLetterExchangeName(g)}
 		} else if !strings.HasPrefix(name, "pubsub") {
 			return nil, fmt.Errorf("%w: configuration entry %q: only pubsub* exchanges and wq.* queues are global", ErrInvalidConfig, name)
+		} else if len(name) > MaxAMQPNameLength {
+			return nil, fmt.Errorf("%w: configuration entry %.32q…: longer than RabbitMQ's %d-byte names", ErrInvalidConfig, name, MaxAMQPNameLength)
 		}
 		for i, u := range ups {
 			if !strings.HasPrefix(u.URI, "amqp://") && !strings.HasPrefix(u.URI, "amqps://") {
