@@ -312,7 +312,7 @@ func TestPersistenceSurvivesKill9(t *testing.T) {
 
 	runs := 0
 	run := func() (*exec.Cmd, string, string) {
-		addr := persistFreeAddr(t)
+		addr := freeLoopbackAddr(t)
 		runs++
 		logPath := filepath.Join(t.TempDir(), fmt.Sprintf("luffymq-%d.log", runs))
 		logs, err := os.Create(logPath)
@@ -354,16 +354,6 @@ func TestPersistenceSurvivesKill9(t *testing.T) {
 func readLog(path string) string {
 	data, _ := os.ReadFile(path)
 	return strings.TrimSpace(string(data))
-}
-
-// persistFreeAddr returns a loopback address with a port free right now.
-func persistFreeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
 }
 
 // TestDataDirValidation: the data directory is created when missing and a
