@@ -18,6 +18,7 @@ import (
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
+	"github.com/luffymq/luffymq/internal/testenv"
 )
 
 // site is one running site in a test: its broker and an MQTT client
@@ -256,7 +257,7 @@ func TestUnreachableRabbitMQ(t *testing.T) {
 	addr := l.Addr().String()
 	require.NoError(t, l.Close()) // nothing listens there now
 
-	logs := &lockedBuffer{}
+	logs := &testenv.LockedBuffer{}
 	cfg, err := broker.ConfigFromArgs([]string{
 		"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
 		"--amqp-url", "amqp://guest:guest@" + addr + "/",

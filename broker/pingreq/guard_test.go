@@ -1,38 +1,19 @@
 package pingreq
 
 import (
-	"bytes"
 	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/luffymq/luffymq/internal/testenv"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/stretchr/testify/require"
 )
-
-// lockedBuffer is a log destination safe for concurrent writers.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // guardedListener is a listener wrapped by a Guard and served with an
 // establish function that, like Mochi's, reads the connection until it
@@ -41,7 +22,7 @@ type guardedListener struct {
 	listeners.Listener
 	established chan *Conn // each connection handed to establish
 	ended       chan *Conn // each connection whose establish returned
-	log         *lockedBuffer
+	log         *testenv.LockedBuffer
 }
 
 func serveGuarded(t *testing.T, g *Guard, l listeners.Listener) *guardedListener {
@@ -50,7 +31,7 @@ func serveGuarded(t *testing.T, g *Guard, l listeners.Listener) *guardedListener
 		Listener:    g.WrapListener(l),
 		established: make(chan *Conn, 256),
 		ended:       make(chan *Conn, 256),
-		log:         &lockedBuffer{},
+		log:         &testenv.LockedBuffer{},
 	}
 	require.NoError(t, gl.Init(slog.New(slog.NewTextHandler(gl.log, nil))))
 	served := make(chan struct{})
@@ -181,7 +162,7 @@ func TestGuardPerIPLimitSpansListeners(t *testing.T) {
 }
 
 func TestGuardRefusalLogIsRateLimited(t *testing.T) {
-	var logs lockedBuffer
+	var logs testenv.LockedBuffer
 	g := NewGuard(GuardConfig{MaxConnections: 1, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	gl := serveGuarded(t, g, newTCPListener("t1"))
 	dialFrom(t, "127.0.0.1", gl.Address())

@@ -145,9 +145,6 @@ func (c *Conn) enqueueOut(p []byte, qos0 bool) error {
 		o.mu.Unlock()
 		return net.ErrClosed
 	}
-	if o.limits.MaxQueuedBytes == 0 {
-		o.limits = o.limits.withDefaults()
-	}
 	queued := len(o.pending) + o.writing
 	switch {
 	case qos0 && queued+len(p) > o.limits.MaxQueuedBytes:
@@ -172,7 +169,6 @@ func (c *Conn) enqueueOut(p []byte, qos0 bool) error {
 	o.pending = append(o.pending, p...)
 	if !o.started {
 		o.started = true
-		o.wake.L = &o.mu
 		go c.runWriter()
 	}
 	o.mu.Unlock()

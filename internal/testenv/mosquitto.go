@@ -59,7 +59,7 @@ func startMosquitto(t testing.TB, bin string) (string, error) {
 	if err := os.WriteFile(conf, []byte(config), 0o600); err != nil {
 		return "", fmt.Errorf("writing %s: %w", conf, err)
 	}
-	out := &lockedBuffer{}
+	out := &LockedBuffer{}
 	cmd := exec.Command(bin, "-c", conf)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -122,19 +122,20 @@ func freePort() (int, error) {
 	return tcp.Port, nil
 }
 
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
+// LockedBuffer collects output (a process's, a logger's) written from
+// several goroutines.
+type LockedBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
+func (b *LockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *lockedBuffer) String() string {
+func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
