@@ -42,6 +42,12 @@ type Config struct {
 	// SampleSize is how many candidates the adaptive strategy compares in
 	// groups larger than 8 members (default 4).
 	SampleSize int
+	// HoldLead turns on late binding for the adaptive strategy (see
+	// AdviseHold): a message is held at the broker while the member that
+	// would get it is predicted to start it more than HoldLead from now.
+	// It should cover the trip to a member and the model's error; 0 turns
+	// late binding off.
+	HoldLead time.Duration
 	// Clock supplies the time (default SystemClock).
 	Clock Clock
 	// Seed seeds the pseudo-random choices (0 picks a fixed default).
@@ -325,11 +331,23 @@ type Message struct {
 // receives msg, and books the delivery. It returns false if the engine
 // knows no member of that group. It does not allocate.
 func (e *Engine) SelectMember(groupKey string, msg Message) (clientID string, ok bool) {
+	clientID, _, ok = e.selectMember(groupKey, msg, false)
+	return clientID, ok
+}
+
+// SelectMemberOrHold is SelectMember with late binding (Config.HoldLead):
+// when AdviseHold would advise holding the message, it books nothing and
+// returns that advice instead of a member. It does not allocate.
+func (e *Engine) SelectMemberOrHold(groupKey string, msg Message) (clientID string, hold HoldAdvice, ok bool) {
+	return e.selectMember(groupKey, msg, e.cfg.HoldLead > 0)
+}
+
+func (e *Engine) selectMember(groupKey string, msg Message, mayHold bool) (string, HoldAdvice, bool) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	g, ok := e.groups[groupKey]
 	if !ok || g.empty() {
-		return "", false
+		return "", HoldAdvice{}, false
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -341,7 +359,16 @@ func (e *Engine) SelectMember(groupKey string, msg Message) (clientID string, ok
 		g.nextOffline++
 		g.totals[m.id]++
 	} else {
-		idx := e.strategy.selectIndex(e, g, msg, now)
+		var idx int
+		if _, adaptive := e.strategy.(adaptiveStrategy); adaptive && mayHold {
+			var best candidate
+			idx, best = bestCandidate(e, g, now)
+			if advice := e.holdAdvice(best, now); advice.Hold {
+				return "", advice, true
+			}
+		} else {
+			idx = e.strategy.selectIndex(e, g, msg, now)
+		}
 		if g.members[idx].lockedAtReceiveMaximum() {
 			idx = g.nextUnderReceiveMaximum(idx)
 		}
@@ -353,7 +380,7 @@ func (e *Engine) SelectMember(groupKey string, msg Message) (clientID string, ok
 	svc := m.serviceOr(prior)
 	m.recordSend(now, m.predictedStart(now, svc, e.cfg.StaleAfter), svc)
 	m.mu.Unlock()
-	return m.id, true
+	return m.id, HoldAdvice{}, true
 }
 
 // priorFor is the service time assumed for a member that has no estimate

@@ -154,10 +154,31 @@ func (adaptiveStrategy) Name() string { return "adaptive" }
 const maxSample = 16
 
 func (adaptiveStrategy) selectIndex(e *Engine, g *group, _ Message, now time.Duration) int {
+	best, _ := bestCandidate(e, g, now)
+	return best
+}
+
+// candidate is what the adaptive strategy knows of one member when it
+// compares them.
+type candidate struct {
+	index  int
+	start  time.Duration // predicted start of a message handed to it now
+	svc    time.Duration // its service estimate (or the group's prior)
+	held   int
+	free   time.Duration
+	sent   int
+	capped bool
+	known  bool // it has a service estimate of its own
+	// fromAcks is true when its service estimate is learnt from its
+	// acknowledgements rather than from its reports.
+	fromAcks bool
+}
+
+// bestCandidate returns the member of g (with online members) that the
+// adaptive strategy would choose at now. It does not change any state but
+// the sampling pointer of a large group; g's lock is held.
+func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 	n := len(g.members)
-	if n == 1 {
-		return 0
-	}
 	prior := time.Duration(-1) // computed on first need
 	var candidates [maxSample]int
 	count := n
@@ -170,10 +191,7 @@ func (adaptiveStrategy) selectIndex(e *Engine, g *group, _ Message, now time.Dur
 		candidates[0] = g.nextRoundRobin % n
 		g.nextRoundRobin++
 	}
-	best := -1
-	var bestStart, bestFree time.Duration
-	var bestSent, bestHeld int
-	bestCapped := true
+	best := candidate{index: -1, capped: true}
 	for k := 0; k < count; k++ {
 		i := k
 		if n > exhaustiveLimit {
@@ -184,21 +202,22 @@ func (adaptiveStrategy) selectIndex(e *Engine, g *group, _ Message, now time.Dur
 			prior = e.groupPrior(g, now) // cached: O(1) between changes
 		}
 		m.mu.Lock()
-		svc := m.serviceOr(prior)
-		start := m.predictedStart(now, svc, e.cfg.StaleAfter)
-		held := m.held(now, start, svc)
-		capped := (!m.hasService() || m.unproven()) && held >= e.cfg.NewcomerCap
-		if m.hasService() {
-			held = 0 // the count breaks ties only while nothing is known
+		c := candidate{index: i, svc: m.serviceOr(prior), known: m.hasService()}
+		c.start = m.predictedStart(now, c.svc, e.cfg.StaleAfter)
+		c.held = m.held(now, c.start, c.svc)
+		c.capped = (!c.known || m.unproven()) && c.held >= e.cfg.NewcomerCap
+		if c.known {
+			c.held = 0 // the count breaks ties only while nothing is known
 		}
-		free := m.freeAt
-		sent := m.sentSinceReport
+		c.free = m.freeAt
+		c.sent = m.sentSinceReport
+		c.fromAcks = m.learnsFromAcks()
 		m.mu.Unlock()
-		if best < 0 || better(capped, start, held, free, sent, bestCapped, bestStart, bestHeld, bestFree, bestSent) {
-			best, bestStart, bestHeld, bestFree, bestSent, bestCapped = i, start, held, free, sent, capped
+		if best.index < 0 || better(c.capped, c.start, c.held, c.free, c.sent, best.capped, best.start, best.held, best.free, best.sent) {
+			best = c
 		}
 	}
-	return best
+	return best.index, best
 }
 
 // better reports whether candidate a beats b: uncapped first, then the
