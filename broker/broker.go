@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -38,10 +37,13 @@ type Broker struct {
 	// every ACL check, consulting the auth hook.
 	topicRules *hooks.TopicRulesHook
 	tlsConfig  *tls.Config
-	authData   []byte
-	bridge     *bridge.Bridge
-	guard      *pingreq.Guard
-	persist    *persistence // nil without DataDir
+	// httpTLSConfig serves HTTP over TLS (nil: plain HTTP).
+	httpTLSConfig *tls.Config
+	authData      []byte
+	bridge        *bridge.Bridge
+	guard         *pingreq.Guard
+	persist       *persistence // nil without DataDir
+	live          *liveState   // history and event streams (events.go)
 
 	mu        sync.Mutex
 	started   bool
@@ -50,6 +52,9 @@ type Broker struct {
 	httpAddr  string
 	httpDone  chan struct{}
 	closeOnce sync.Once
+
+	// connections counts accepted MQTT connections for the metrics.
+	connections *hooks.ConnectionCounterHook
 }
 
 // New validates cfg, reads the files it names and builds a broker. Nothing
@@ -61,27 +66,26 @@ func New(cfg Config) (*Broker, error) {
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger}
 	if cfg.TLSListen != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		cert, err := loadKeyPair("tls-cert", "tls-key", cfg.TLSCertFile, cfg.TLSKeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: tls-cert %s / tls-key %s: %w", ErrInvalidConfig, cfg.TLSCertFile, cfg.TLSKeyFile, err)
+			return nil, err
 		}
 		b.tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
+	if b.httpTLSConfig, err = httpTLSConfig(cfg); err != nil {
+		return nil, err
+	}
 	if cfg.AuthFile != "" {
-		data, err := os.ReadFile(cfg.AuthFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: auth-file: %w", ErrInvalidConfig, err)
+		if b.authData, err = readAuthFile(cfg.AuthFile); err != nil {
+			return nil, err
 		}
-		if err := new(auth.Ledger).Unmarshal(data); err != nil {
-			return nil, fmt.Errorf("%w: auth-file %s is not a valid auth ledger (YAML or JSON): %w", ErrInvalidConfig, cfg.AuthFile, err)
-		}
-		b.authData = data
 	}
 	b.engine, err = scoring.NewEngine(scoring.Config{
 		Strategy:       cfg.Strategy,
 		ReportInterval: cfg.ReportInterval,
 		StaleAfter:     cfg.StaleAfter,
 		Clock:          cfg.Clock,
+		HoldLead:       lateBindingLead(cfg),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -91,6 +95,9 @@ func New(cfg Config) (*Broker, error) {
 	// Mochi allocates a packet's whole remaining length before reading
 	// it; without a limit one client could make it allocate 256 MiB.
 	capabilities.MaximumPacketSize = uint32(cfg.MaxPacketSize)
+	if cfg.MaxPendingWrites > 0 {
+		capabilities.MaximumClientWritesPending = int32(cfg.MaxPendingWrites)
+	}
 	// Connection hygiene: idle connections are closed after the connect
 	// timeout, and packets over 64 KiB are held by the connection wrapper
 	// until their bytes have arrived, so Mochi never allocates a length a
@@ -120,6 +127,11 @@ func New(cfg Config) (*Broker, error) {
 	}
 	if b.topicRules, err = hooks.NewTopicRulesHook(hooks.TopicRulesConfig{Access: access}); err != nil {
 		return nil, err
+	}
+	// $queue/<filter> becomes $share/$queue/<filter> before any hook
+	// sees the filter.
+	if err := b.server.AddHook(new(QueueAliasHook), nil); err != nil {
+		return nil, fmt.Errorf("adding $queue alias hook: %w", err)
 	}
 	if err := b.server.AddHook(b.topicRules, nil); err != nil {
 		return nil, fmt.Errorf("adding topic rules hook: %w", err)
@@ -153,8 +165,27 @@ func New(cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Re-dispatch deletes what it takes out of a session from the store.
+	b.selection.SetInflightStorage(storedInflight{b})
+	if cfg.AckTimeout > 0 {
+		ackTimeout, err := hooks.NewAckTimeoutHook(hooks.AckTimeoutConfig{Selection: b.selection, Timeout: cfg.AckTimeout})
+		if err != nil {
+			return nil, fmt.Errorf("%w: ack-timeout: %w", ErrInvalidConfig, err)
+		}
+		// Before the selection hook, as AckTimeoutHook asks.
+		if err := b.server.AddHook(ackTimeout, nil); err != nil {
+			return nil, fmt.Errorf("adding ack timeout hook: %w", err)
+		}
+	}
 	if err := b.server.AddHook(b.selection, nil); err != nil {
 		return nil, fmt.Errorf("adding selection hook: %w", err)
+	}
+	b.connections = new(hooks.ConnectionCounterHook)
+	if err := b.server.AddHook(b.connections, nil); err != nil {
+		return nil, fmt.Errorf("adding connection counter hook: %w", err)
+	}
+	if b.live, err = newLiveState(b); err != nil {
+		return nil, fmt.Errorf("adding session times hook: %w", err)
 	}
 	if b.authData != nil {
 		if err := b.server.AddHook(hooks.WithoutACLCheck(access), &auth.Options{Data: b.authData}); err != nil {
@@ -199,7 +230,7 @@ func (b *Broker) Start() error {
 		return errors.New("broker already started")
 	}
 	if b.cfg.AuthFile == "" {
-		b.log.Warn("anonymous access allowed: any client that reaches the listeners may connect; set --auth-file to require credentials")
+		b.log.Warn(anonymousAccessWarning(b.cfg))
 	}
 	add := func(l listeners.Listener) error {
 		return b.server.AddListener(b.guard.WrapListener(l))
@@ -233,7 +264,7 @@ func (b *Broker) Start() error {
 		}
 	}
 	if b.cfg.HTTPListen != "" {
-		ln, err := net.Listen("tcp", b.cfg.HTTPListen)
+		ln, err := b.listenHTTP()
 		if err != nil {
 			b.closeListeners()
 			return fmt.Errorf("http %s: %w", b.cfg.HTTPListen, err)
@@ -257,6 +288,7 @@ func (b *Broker) Start() error {
 			return fmt.Errorf("starting bridge: %w", err)
 		}
 	}
+	b.live.start()
 	b.started = true
 	b.log.Info("luffymq started", "mqtt", b.mqttAddrLocked(), "tls", b.cfg.TLSListen, "ws", b.cfg.WSListen,
 		"http", b.httpAddr, "strategy", b.cfg.Strategy, "report_interval", b.cfg.ReportInterval)
@@ -294,6 +326,7 @@ func (b *Broker) HTTPAddr() string {
 func (b *Broker) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
+		b.live.stop() // ends the event streams, so the HTTP server can shut down
 		b.mu.Lock()
 		started := b.started
 		b.mu.Unlock()
@@ -342,3 +375,12 @@ func (b *Broker) disconnectClients(timeout time.Duration) {
 
 // errBrokerClosing is the stop cause of clients disconnected at shutdown.
 var errBrokerClosing = errors.New("broker shutting down")
+
+// lateBindingLead is the engine's HoldLead: cfg.HoldLead, except with
+// persistence, since held messages are in memory only.
+func lateBindingLead(cfg Config) time.Duration {
+	if cfg.DataDir != "" {
+		return 0
+	}
+	return cfg.HoldLead
+}

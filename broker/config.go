@@ -8,13 +8,20 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker/pingreq"
+	"github.com/luffymq/luffymq/hooks"
 	"github.com/luffymq/luffymq/scoring"
 )
+
+// MaxPendingWritesLimit bounds --max-pending-writes: Mochi makes each
+// client's queue (8 bytes a slot) when the client connects.
+const MaxPendingWritesLimit = 1 << 20
 
 // Config describes a broker to build. The zero value of an optional field
 // takes the default shown.
 type Config struct {
-	// MQTTListen is the plain TCP MQTT address (":1883"; empty disables).
+	// MQTTListen is the plain TCP MQTT address ("127.0.0.1:1883"; empty
+	// disables). Without AuthFile or AllowAnonymous every MQTT listener
+	// must be on a loopback address (see checkListenersAndAccess).
 	MQTTListen string
 	// TLSListen is the MQTT-over-TLS address (empty disables); it needs
 	// TLSCertFile and TLSKeyFile (PEM).
@@ -51,6 +58,11 @@ type Config struct {
 	// to the rest of the group (0: until the session expires). Clean
 	// sessions' messages go at once.
 	RedispatchGrace time.Duration
+	// AckTimeout, positive, is how long a connected shared-group member
+	// may hold a QoS 1/2 delivery unacknowledged (no PUBACK, no PUBREC)
+	// before it goes to another member of the group (see
+	// hooks.AckTimeoutHook). 0, the default, never takes it away.
+	AckTimeout time.Duration
 	// WriteTimeout: a client that accepts no byte for this long is
 	// disconnected (30 s; negative disables).
 	WriteTimeout time.Duration
@@ -58,9 +70,38 @@ type Config struct {
 	// to it are dropped and counted (8 MiB); above twice this, the client
 	// is disconnected, its session keeping its QoS≥1 messages.
 	MaxQueuedBytes int
+	// MaxPendingWrites is Mochi's per-client queue of packets waiting for
+	// the client's write loop (Capabilities.MaximumClientWritesPending);
+	// a publish to a client whose queue is full is dropped and counted
+	// (messages_dropped). 0 selects Mochi's default, 8192.
+	MaxPendingWrites int
 	// AuthFile is a Mochi auth/ACL ledger (YAML or JSON). Empty allows
-	// anonymous access, with a warning.
+	// anonymous access, with a warning, on loopback listeners only unless
+	// AllowAnonymous is set.
 	AuthFile string
+	// AllowAnonymous lets clients connect without credentials on
+	// listeners bound to non-loopback addresses too (no AuthFile). Without
+	// it, such a listener is refused, as Mosquitto 2 does.
+	AllowAnonymous bool
+	// HTTPToken, set, is required on every HTTP request but GET /healthz,
+	// as "Authorization: Bearer <token>" (or as the password of HTTP Basic
+	// authentication, so a browser can open the dashboard). It is required
+	// when HTTPListen is not a loopback address.
+	HTTPToken string
+	// HTTPTLSCertFile and HTTPTLSKeyFile (PEM), both set, serve the HTTP
+	// API and dashboard over TLS.
+	HTTPTLSCertFile string
+	HTTPTLSKeyFile  string
+	// HoldLead turns on late binding for the adaptive strategy (see
+	// scoring.Config.HoldLead and hooks/latebinding.go): while every member
+	// of a group is predicted busy for longer than HoldLead, messages wait
+	// at the broker. 0 turns it off; it is off with DataDir, because held
+	// messages are not stored.
+	HoldLead time.Duration
+	// MetricsMaxMembers is the most shared-group members (group and
+	// client pairs) given Prometheus series of their own (1000); the others
+	// are summed per group under client_id="_other".
+	MetricsMaxMembers int
 	// Logger receives the broker's logs (slog.Default()).
 	Logger *slog.Logger
 	// Clock drives the selection engine (the system clock).
@@ -110,9 +151,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Strategy == "" {
 		c.Strategy = "adaptive"
 	}
-	if _, err := scoring.StrategyByName(c.Strategy); err != nil {
+	strategy, err := resolveStrategy(c.Strategy)
+	if err != nil {
 		return c, fmt.Errorf("%w: strategy: %w", ErrInvalidConfig, err)
 	}
+	c.Strategy = strategy
 	if c.ReportInterval == 0 {
 		c.ReportInterval = scoring.DefaultReportInterval
 	}
@@ -140,8 +183,23 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxConnectionsPerIP < 0 {
 		return c, fmt.Errorf("%w: max-connections-per-ip %d is negative (0 means no limit)", ErrInvalidConfig, c.MaxConnectionsPerIP)
 	}
+	if c.AckTimeout < 0 {
+		return c, fmt.Errorf("%w: ack-timeout %v is negative (0 disables it)", ErrInvalidConfig, c.AckTimeout)
+	}
 	if c.RedispatchGrace < 0 {
 		return c, fmt.Errorf("%w: redispatch-grace %v is negative (0 waits for the session to expire)", ErrInvalidConfig, c.RedispatchGrace)
+	}
+	if c.HoldLead < 0 {
+		return c, fmt.Errorf("%w: hold-lead %v is negative (0 turns late binding off)", ErrInvalidConfig, c.HoldLead)
+	}
+	if c.MetricsMaxMembers == 0 {
+		c.MetricsMaxMembers = hooks.DefaultMetricsMaxMembers
+	}
+	if c.MetricsMaxMembers < 0 {
+		return c, fmt.Errorf("%w: metrics-max-members %d is negative", ErrInvalidConfig, c.MetricsMaxMembers)
+	}
+	if c.MaxPendingWrites < 0 || c.MaxPendingWrites > MaxPendingWritesLimit {
+		return c, fmt.Errorf("%w: max-pending-writes %d must be from 0 (Mochi's default) to %d", ErrInvalidConfig, c.MaxPendingWrites, MaxPendingWritesLimit)
 	}
 	if c.MaxQueuedBytes < 0 {
 		return c, fmt.Errorf("%w: max-queued-bytes %d is negative (0 selects %d)", ErrInvalidConfig, c.MaxQueuedBytes, pingreq.DefaultMaxQueuedBytes)
@@ -151,6 +209,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.TLSListen != "" && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
 		return c, fmt.Errorf("%w: tls-listen %s needs both tls-cert and tls-key", ErrInvalidConfig, c.TLSListen)
+	}
+	if err := c.checkListenersAndAccess(); err != nil {
+		return c, err
 	}
 	if c.AMQPURL == "" && (c.Site != "" || len(c.Exports) > 0 || len(c.ExportGroups) > 0 || c.AMQPManagementURL != "") {
 		return c, fmt.Errorf("%w: site, export, export-group and amqp-management-url need amqp-url (the site's RabbitMQ node)", ErrInvalidConfig)
@@ -183,3 +244,8 @@ func (c Config) withDefaults() (Config, error) {
 type noLoad struct{}
 
 func (noLoad) Snapshot() []scoring.GroupSnapshot { return nil }
+
+// DefaultHoldLead is --hold-lead's default: late binding is off until it
+// is shown to help on real connections (see the README); 5ms suits
+// loopback and LAN members.
+const DefaultHoldLead = 0

@@ -1,50 +1,20 @@
 package broker
 
 import (
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strings"
-	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/luffymq/luffymq/broker/pingreq"
+	"github.com/luffymq/luffymq/hooks"
 	"github.com/luffymq/luffymq/scoring"
 )
-
-// fileConfig is the YAML form of the command-line flags; keys are the flag
-// names.
-type fileConfig struct {
-	Listen          *string  `yaml:"listen"`
-	TLSListen       *string  `yaml:"tls-listen"`
-	TLSCert         *string  `yaml:"tls-cert"`
-	TLSKey          *string  `yaml:"tls-key"`
-	WSListen        *string  `yaml:"ws-listen"`
-	HTTP            *string  `yaml:"http"`
-	Strategy        *string  `yaml:"strategy"`
-	ReportInterval  *string  `yaml:"report-interval"`
-	StaleAfter      *string  `yaml:"stale-after"`
-	AuthFile        *string  `yaml:"auth-file"`
-	MaxPacketSize   *int     `yaml:"max-packet-size"`
-	RedispatchGrace *string  `yaml:"redispatch-grace"`
-	WriteTimeout    *string  `yaml:"write-timeout"`
-	MaxQueuedBytes  *int     `yaml:"max-queued-bytes"`
-	ConnectTimeout  *string  `yaml:"connect-timeout"`
-	MaxConns        *int     `yaml:"max-connections"`
-	MaxConnsPerIP   *int     `yaml:"max-connections-per-ip"`
-	LogLevel        *string  `yaml:"log-level"`
-	AMQPURL         *string  `yaml:"amqp-url"`
-	Site            *string  `yaml:"site"`
-	Export          []string `yaml:"export"`
-	ExportGroup     []string `yaml:"export-group"`
-	AMQPManagement  *string  `yaml:"amqp-management-url"`
-	DataDir         *string  `yaml:"data-dir"`
-}
 
 // listFlag is a repeatable flag whose values may also be comma-separated.
 type listFlag []string
@@ -60,6 +30,13 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
+// Get returns the values (flag.Getter).
+func (l *listFlag) Get() any { return []string(*l) }
+
+// reset empties the list: a value from a source of higher precedence
+// replaces the list, where repeating the flag on the command line adds.
+func (l *listFlag) reset() { *l = nil }
+
 // escapeLineBreaks writes line breaks in user input as \n and \r, so that
 // every error stays one line.
 var escapeLineBreaks = strings.NewReplacer("\n", `\n`, "\r", `\r`)
@@ -68,21 +45,46 @@ var escapeLineBreaks = strings.NewReplacer("\n", `\n`, "\r", `\r`)
 // usage has been written.
 var ErrHelp = flag.ErrHelp
 
-// ConfigFromArgs builds a Config from command-line arguments and, with
-// --config, a YAML file whose keys are the flag names (flags win). Logs go
-// to logOutput. Errors are one line that names the bad input.
+// ConfigFromArgs builds a Config from command-line arguments, the
+// process's LUFFYMQ_… environment variables and, with --config (or
+// LUFFYMQ_CONFIG), a YAML file whose keys are the flag names: see
+// LoadConfig.
 func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, error) {
+	return LoadConfig(args, os.Environ(), usageOutput, logOutput)
+}
+
+// LoadConfig builds a Config from three sources, each flag taking its
+// value from the one of highest precedence that sets it: the YAML file
+// named by --config or LUFFYMQ_CONFIG (keys are the flag names), then the
+// environment variables LUFFYMQ_<FLAG> (upper case, '-' as '_', e.g.
+// LUFFYMQ_REPORT_INTERVAL) among environ ("NAME=value" entries, as
+// os.Environ gives), then the command line. A list flag (--export) takes
+// its whole list from one source.
+//
+// Every value is validated, and the files the configuration names are
+// read, before it returns: an error is one line naming the setting, its
+// source and the value (a secret's value is never shown). With -h or
+// --help it writes the usage to usageOutput and returns ErrHelp; with
+// --print-config it writes the effective configuration as YAML (the
+// file's keys, secrets redacted) to usageOutput and returns
+// ErrConfigPrinted. The Config's logger writes to logOutput.
+func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Config, error) {
 	fs := flag.NewFlagSet("luffymq", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var (
-		configFile      = fs.String("config", "", "YAML file with any of these flags as keys; flags given on the command line win")
-		listen          = fs.String("listen", ":1883", "MQTT over TCP address (empty disables)")
+		configFile      = fs.String(configFlag, "", "YAML file with any of these flags as keys; LUFFYMQ_<FLAG> environment variables win over it, and flags on the command line over both")
+		printConfig     = fs.Bool(printConfigFlag, false, "print the effective configuration as YAML (secrets redacted) and exit")
+		listen          = fs.String("listen", DefaultMQTTListen, "MQTT over TCP address (empty disables); a non-loopback address such as :1883 needs --auth-file or --allow-anonymous")
+		allowAnonymous  = fs.Bool("allow-anonymous", false, "accept clients without credentials on listeners other hosts can reach (without --auth-file, anonymous clients are accepted on loopback listeners only)")
+		httpToken       = fs.String("http-token", "", "bearer token required on every HTTP request but /healthz (at least 16 characters; required when --http is not a loopback address; prefer LUFFYMQ_HTTP_TOKEN, which ps does not show)")
+		httpTLSCert     = fs.String("http-tls-cert", "", "PEM certificate file: serve HTTP over TLS (needs --http-tls-key)")
+		httpTLSKey      = fs.String("http-tls-key", "", "PEM private key file for --http-tls-cert")
 		tlsListen       = fs.String("tls-listen", "", "MQTT over TLS address, e.g. :8883 (needs --tls-cert and --tls-key)")
 		tlsCert         = fs.String("tls-cert", "", "PEM certificate file for --tls-listen")
 		tlsKey          = fs.String("tls-key", "", "PEM private key file for --tls-listen")
 		wsListen        = fs.String("ws-listen", "", "MQTT over WebSocket address, e.g. :1882")
 		httpListen      = fs.String("http", "127.0.0.1:8080", "HTTP address for the dashboard (/), /healthz, /api/v1/groups, /api/v1/overview and /metrics (empty disables)")
-		strategy        = fs.String("strategy", "adaptive", "shared-subscription strategy: "+strings.Join(scoring.Strategies(), ", "))
+		strategy        = fs.String("strategy", "adaptive", "shared-subscription strategy: "+strings.Join(scoring.Strategies(), ", ")+" (EMQX names such as round_robin and hash_clientid are accepted too)")
 		reportInterval  = fs.Duration("report-interval", scoring.DefaultReportInterval, "load-report interval announced to clients in CONNACK")
 		staleAfter      = fs.Duration("stale-after", 0, "time without a report after which a member is stale (default 3 report intervals)")
 		maxPacketSize   = fs.Int("max-packet-size", DefaultMaxPacketSize, "largest MQTT packet in bytes a client may send; a larger one ends its connection")
@@ -92,7 +94,7 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		redispatchGrace = fs.Duration("redispatch-grace", 0, "time a disconnected persistent session of a shared-group member keeps its unacknowledged messages before they go to the rest of the group (0: until the session expires; clean sessions' go at once)")
 		writeTimeout    = fs.Duration("write-timeout", pingreq.DefaultWriteTimeout, "time a client may accept no byte of what the broker sends before it is disconnected (negative disables)")
 		maxQueuedBytes  = fs.Int("max-queued-bytes", pingreq.DefaultMaxQueuedBytes, "bytes queued for a slow client above which its QoS 0 messages are dropped (twice this disconnects it)")
-		authFile        = fs.String("auth-file", "", "Mochi auth/ACL ledger file (YAML or JSON); empty allows anonymous access")
+		authFile        = fs.String("auth-file", "", "Mochi auth/ACL ledger file (YAML or JSON); without it anonymous access is allowed on loopback listeners only (see --allow-anonymous)")
 		logLevel        = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		amqpURL         = fs.String("amqp-url", "", "this site's RabbitMQ node, e.g. amqp://guest:guest@127.0.0.1:5672/; enables the multi-site bridge")
 		amqpMgmt        = fs.String("amqp-management-url", "", "management API of this site's RabbitMQ node, e.g. http://127.0.0.1:15672; runs the site agent; needed by --export-group")
@@ -101,12 +103,16 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		exports         listFlag
 		exportGroups    listFlag
 	)
+	ackTimeout := fs.Duration("ack-timeout", 0, "time a connected shared-group member may hold a QoS 1/2 message unacknowledged before it goes to another member of the group (0: never)")
+	maxPendingWrites := fs.Int("max-pending-writes", 0, "packets Mochi queues per client for its write loop before it drops publishes to that client (0: Mochi's default, 8192)")
+	holdLead := fs.Duration("hold-lead", DefaultHoldLead, "experimental late binding (adaptive strategy), e.g. 5ms: while every member of a group is predicted busy for longer than this, messages wait at the broker and go to whoever is then predicted to start them soonest; should exceed the members' one-way network delay (0: off, the default; always off with --data-dir)")
+	metricsMaxMembers := fs.Int("metrics-max-members", hooks.DefaultMetricsMaxMembers, "most shared-group members (group and client pairs) with Prometheus series of their own; the others are summed per group under client_id=\"_other\"")
 	fs.Var(&exports, "export", "MQTT filter shared with the other sites through RabbitMQ (repeatable or comma-separated), e.g. sensors/#")
 	fs.Var(&exportGroups, "export-group", "shared subscription $share/<group>/<filter> served as a work queue wq.<group> across sites (repeatable; needs --amqp-management-url)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(usageOutput)
-			fmt.Fprintln(usageOutput, "Usage: luffymq [flags]\n\nLuffyMQ: an MQTT v5 broker whose shared subscriptions pick the member that will start each message soonest.\n\nFlags:")
+			fmt.Fprintln(usageOutput, "Usage: luffymq [flags]\n\nLuffyMQ: an MQTT v5 broker whose shared subscriptions pick the member that will start each message soonest.\n\nEvery flag but --print-config can also be set in the --config YAML file (key: the flag name)\nand, but --config, by the environment variable LUFFYMQ_<FLAG> (e.g. LUFFYMQ_REPORT_INTERVAL=500ms);\nthe environment wins over the file, the command line over both.\n\nFlags:")
 			fs.PrintDefaults()
 			return Config{}, ErrHelp
 		}
@@ -117,81 +123,27 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("%w: unexpected argument %q: luffymq takes only flags", ErrInvalidConfig, fs.Arg(0))
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
 
+	fromEnv, err := environmentSettings(fs, environ)
+	if err != nil {
+		return Config{}, err
+	}
+	if v, ok := fromEnv[configFlag]; ok && !onCommandLine[configFlag] {
+		*configFile = v.value
+	}
 	if *configFile != "" {
-		data, err := os.ReadFile(*configFile)
-		if err != nil {
-			return Config{}, fmt.Errorf("%w: config file: %s", ErrInvalidConfig, escapeLineBreaks.Replace(err.Error()))
-		}
-		var fc fileConfig
-		dec := yaml.NewDecoder(bytes.NewReader(data))
-		dec.KnownFields(true)
-		if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
-			oneLine := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
-			return Config{}, fmt.Errorf("%w: config file %s: %s", ErrInvalidConfig, *configFile, oneLine)
-		}
-		takeString := func(name string, dst *string, v *string) {
-			if v != nil && !set[name] {
-				*dst = *v
-			}
-		}
-		takeDuration := func(name string, dst *time.Duration, v *string) error {
-			if v == nil || set[name] {
-				return nil
-			}
-			d, err := time.ParseDuration(*v)
-			if err != nil {
-				return fmt.Errorf("%w: config file %s: %s: %q is not a duration such as 500ms or 2s", ErrInvalidConfig, *configFile, name, *v)
-			}
-			*dst = d
-			return nil
-		}
-		takeString("listen", listen, fc.Listen)
-		takeString("tls-listen", tlsListen, fc.TLSListen)
-		takeString("tls-cert", tlsCert, fc.TLSCert)
-		takeString("tls-key", tlsKey, fc.TLSKey)
-		takeString("ws-listen", wsListen, fc.WSListen)
-		takeString("http", httpListen, fc.HTTP)
-		takeString("strategy", strategy, fc.Strategy)
-		takeString("auth-file", authFile, fc.AuthFile)
-		takeString("log-level", logLevel, fc.LogLevel)
-		if fc.MaxPacketSize != nil && !set["max-packet-size"] {
-			*maxPacketSize = *fc.MaxPacketSize
-		}
-		if fc.MaxConns != nil && !set["max-connections"] {
-			*maxConns = *fc.MaxConns
-		}
-		if fc.MaxConnsPerIP != nil && !set["max-connections-per-ip"] {
-			*maxConnsPerIP = *fc.MaxConnsPerIP
-		}
-		if err := takeDuration("connect-timeout", connectTimeout, fc.ConnectTimeout); err != nil {
+		if err := applyConfigFile(fs, *configFile, onCommandLine); err != nil {
 			return Config{}, err
 		}
-		if err := takeDuration("redispatch-grace", redispatchGrace, fc.RedispatchGrace); err != nil {
-			return Config{}, err
+	}
+	for _, name := range slices.Sorted(maps.Keys(fromEnv)) {
+		if name == configFlag || onCommandLine[name] {
+			continue
 		}
-		if err := takeDuration("write-timeout", writeTimeout, fc.WriteTimeout); err != nil {
-			return Config{}, err
-		}
-		if fc.MaxQueuedBytes != nil && !set["max-queued-bytes"] {
-			*maxQueuedBytes = *fc.MaxQueuedBytes
-		}
-		takeString("amqp-url", amqpURL, fc.AMQPURL)
-		takeString("site", site, fc.Site)
-		takeString("amqp-management-url", amqpMgmt, fc.AMQPManagement)
-		takeString("data-dir", dataDir, fc.DataDir)
-		if fc.Export != nil && !set["export"] {
-			exports = fc.Export
-		}
-		if fc.ExportGroup != nil && !set["export-group"] {
-			exportGroups = fc.ExportGroup
-		}
-		if err := takeDuration("report-interval", reportInterval, fc.ReportInterval); err != nil {
-			return Config{}, err
-		}
-		if err := takeDuration("stale-after", staleAfter, fc.StaleAfter); err != nil {
+		v := fromEnv[name]
+		if err := setFromSource(fs, name, v.value, "environment variable "+v.variable); err != nil {
 			return Config{}, err
 		}
 	}
@@ -204,7 +156,7 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		return Config{}, fmt.Errorf("%w: report-interval %v must be positive", ErrInvalidConfig, *reportInterval)
 	}
 	if *connectTimeout < 0 {
-		return Config{}, fmt.Errorf("connect-timeout %v is negative (0 disables it)", *connectTimeout)
+		return Config{}, fmt.Errorf("%w: connect-timeout %v is negative (0 disables it)", ErrInvalidConfig, *connectTimeout)
 	}
 	if *connectTimeout == 0 {
 		*connectTimeout = -1 // Config's zero value means the default
@@ -220,6 +172,10 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 		ReportInterval:    *reportInterval,
 		StaleAfter:        *staleAfter,
 		AuthFile:          *authFile,
+		AllowAnonymous:    *allowAnonymous,
+		HTTPToken:         *httpToken,
+		HTTPTLSCertFile:   *httpTLSCert,
+		HTTPTLSKeyFile:    *httpTLSKey,
 		MaxPacketSize:     *maxPacketSize,
 		AMQPURL:           *amqpURL,
 		Site:              *site,
@@ -231,12 +187,28 @@ func ConfigFromArgs(args []string, usageOutput, logOutput io.Writer) (Config, er
 	}
 	cfg.ConnectTimeout, cfg.MaxConnections, cfg.MaxConnectionsPerIP = *connectTimeout, *maxConns, *maxConnsPerIP
 	cfg.RedispatchGrace, cfg.WriteTimeout, cfg.MaxQueuedBytes = *redispatchGrace, *writeTimeout, *maxQueuedBytes
+	cfg.MetricsMaxMembers = *metricsMaxMembers
+	cfg.HoldLead = *holdLead
+	cfg.AckTimeout = *ackTimeout
+	cfg.MaxPendingWrites = *maxPendingWrites
 	if *writeTimeout == 0 {
 		cfg.WriteTimeout = -1 // Config's zero value means the default
 	}
-	// Validate now so a bad value is reported before anything starts.
-	if _, err := cfg.withDefaults(); err != nil {
+	// Validate now, files included, so a bad value is reported before
+	// anything starts.
+	effective, err := cfg.withDefaults()
+	if err != nil {
 		return Config{}, err
+	}
+	if err := cfg.checkFiles(); err != nil {
+		return Config{}, err
+	}
+	if *printConfig {
+		_ = fs.Set("strategy", effective.Strategy) // an EMQX alias, as the strategy it names
+		if err := writeEffectiveConfig(usageOutput, fs); err != nil {
+			return Config{}, fmt.Errorf("print-config: %w", err)
+		}
+		return Config{}, ErrConfigPrinted
 	}
 	return cfg, nil
 }

@@ -19,7 +19,7 @@ import (
 func TestConfigFromArgsDefaults(t *testing.T) {
 	cfg, err := ConfigFromArgs(nil, io.Discard, io.Discard)
 	require.NoError(t, err)
-	require.Equal(t, ":1883", cfg.MQTTListen)
+	require.Equal(t, "127.0.0.1:1883", cfg.MQTTListen)
 	require.Equal(t, "127.0.0.1:8080", cfg.HTTPListen)
 	require.Equal(t, "adaptive", cfg.Strategy)
 	require.Equal(t, time.Second, cfg.ReportInterval)
@@ -80,17 +80,17 @@ func TestHelpIsNotAnError(t *testing.T) {
 }
 
 func TestNewRejectsUnreadableFiles(t *testing.T) {
-	_, err := New(Config{MQTTListen: ":0", TLSListen: ":0", TLSCertFile: "/nonexistent/cert.pem", TLSKeyFile: "/nonexistent/key.pem"})
+	_, err := New(Config{MQTTListen: "127.0.0.1:0", TLSListen: "127.0.0.1:0", TLSCertFile: "/nonexistent/cert.pem", TLSKeyFile: "/nonexistent/key.pem"})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.Contains(t, err.Error(), "/nonexistent/cert.pem")
 
-	_, err = New(Config{MQTTListen: ":0", AuthFile: "/nonexistent/auth.yaml"})
+	_, err = New(Config{MQTTListen: "127.0.0.1:0", AuthFile: "/nonexistent/auth.yaml"})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.Contains(t, err.Error(), "auth-file")
 
 	bad := filepath.Join(t.TempDir(), "auth.yaml")
 	require.NoError(t, os.WriteFile(bad, []byte("auth: [not: {valid"), 0o600))
-	_, err = New(Config{MQTTListen: ":0", AuthFile: bad})
+	_, err = New(Config{MQTTListen: "127.0.0.1:0", AuthFile: bad})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.Contains(t, err.Error(), "not a valid auth ledger")
 }

@@ -6,12 +6,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/luffymq/luffymq/broker/dashboard"
-	"github.com/luffymq/luffymq/hooks"
 	"github.com/luffymq/luffymq/scoring"
 )
 
@@ -158,18 +155,7 @@ func memberStatus(m scoring.MemberSnapshot) MemberStatus {
 }
 
 func (b *Broker) httpHandler() http.Handler {
-	registry := prometheus.NewRegistry()
-	registry.MustRegister(
-		hooks.NewMetricsCollector(b.selection),
-		newServerInfoCollector(b.server),
-		b.guard.Collector(),
-		hooks.NewTopicRulesCollector(b.topicRules),
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
-	if b.bridge != nil {
-		registry.MustRegister(b.bridge.Collector())
-	}
+	registry := b.metricsRegistry()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -188,8 +174,16 @@ func (b *Broker) httpHandler() http.Handler {
 		_ = enc.Encode(b.Overview())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /api/v1/events", b.serveEvents)
+	mux.HandleFunc("GET /api/v1/clients", b.serveClients)
+	mux.HandleFunc("GET /api/v1/rejected-reports", func(w http.ResponseWriter, _ *http.Request) {
+		writeStatusJSON(w, b.RejectedReports())
+	})
+	mux.HandleFunc("GET /api/v1/bridge", func(w http.ResponseWriter, _ *http.Request) {
+		writeStatusJSON(w, BridgeResponse{Bridge: b.BridgeStatus()})
+	})
 	page := dashboard.Handler()
 	mux.Handle("GET /{$}", page)
 	mux.Handle("GET /dashboard", page)
-	return mux
+	return b.requireHTTPAccess(mux)
 }

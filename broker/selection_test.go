@@ -120,16 +120,22 @@ func TestSlowMemberGetsFewerMessages(t *testing.T) {
 	cases := []struct {
 		strategy, via string
 		loadAware     bool
+		holdLead      time.Duration // late binding
 	}{
-		{"adaptive", "pingreq", true},
-		{"thesis", "pingreq", true},
-		{"adaptive", "publish", true},
-		{"thesis", "publish", true},
-		{"round-robin", "pingreq", false},
+		{"adaptive", "pingreq", true, 0},
+		{"adaptive", "pingreq", true, time.Millisecond},
+		{"thesis", "pingreq", true, 0},
+		{"adaptive", "publish", true, 0},
+		{"thesis", "publish", true, 0},
+		{"round-robin", "pingreq", false, 0},
 	}
 	for _, tc := range cases {
-		t.Run(tc.strategy+"/"+tc.via, func(t *testing.T) {
-			b := startBroker(t, func(c *Config) { c.Strategy = tc.strategy })
+		name := tc.strategy + "/" + tc.via
+		if tc.holdLead > 0 {
+			name += "/late-binding"
+		}
+		t.Run(name, func(t *testing.T) {
+			b := startBroker(t, func(c *Config) { c.Strategy, c.HoldLead = tc.strategy, tc.holdLead })
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			filter := "$share/g/jobs"
@@ -159,6 +165,13 @@ func TestSlowMemberGetsFewerMessages(t *testing.T) {
 				require.Greater(t, s, 0, "the slow member still takes part")
 			} else {
 				require.InDelta(t, total/3, s, 2, "round robin ignores load")
+			}
+			if tc.holdLead > 0 {
+				lb := &b.Selection().LateBinding
+				t.Logf("late binding: held %d, released %d", lb.Held.Load(), lb.Released.Load())
+				require.Greater(t, lb.Held.Load(), uint64(0), "with every member busy, messages wait at the broker")
+				require.Equal(t, lb.Held.Load(), lb.Released.Load(), "and every held message was handed over")
+				require.Zero(t, b.Selection().HeldMessages())
 			}
 			m, ok := member(getGroups(t, b), filter, "slow")
 			require.True(t, ok)

@@ -25,6 +25,14 @@ import (
 // message. With no other member, the message is parked (at most
 // MaxParkedRedispatch, oldest dropped first) until a member joins.
 //
+// A message taken out of a session is also taken out of the session's
+// persistent store, when the broker has one (SetInflightStorage): without
+// that, a restart would load it back into the session and send it to the
+// member again, after another member already had it.
+//
+// A connected member that holds a delivery unacknowledged for too long has
+// it re-dispatched the same way (see acktimeout.go).
+//
 // A message counts for the first group (in filter order) of the departed
 // member that matches its topic: with overlapping groups Mochi merges the
 // member's deliveries into one, and which group selected it is not
@@ -50,6 +58,23 @@ type RedispatchCounters struct {
 	// Unroutable counts unacknowledged messages that could not be
 	// re-dispatched (sent under a topic alias, without their topic name).
 	Unroutable atomic.Uint64
+	// AckTimeouts counts messages taken from a connected member that did
+	// not acknowledge them within the ack timeout (see acktimeout.go); each
+	// is also counted as Redispatched or Parked.
+	AckTimeouts atomic.Uint64
+	// LateAcks counts acknowledgements that arrived, after all, for
+	// messages taken away by the ack timeout: the member finished a message
+	// another member was given too, a duplicate.
+	LateAcks atomic.Uint64
+}
+
+// InflightStorage is a persistent store of sessions' in-flight messages
+// that re-dispatch tells when it takes a delivery out of a session. Mochi's
+// storage hooks (hooks/storage/badger and the others) implement it: they
+// delete the message's record in OnQosDropped, which Mochi itself calls only
+// for deliveries it drops.
+type InflightStorage interface {
+	OnQosDropped(cl *mqtt.Client, pk packets.Packet)
 }
 
 // parkedMessage is a re-dispatched message waiting for a member.
@@ -62,12 +87,31 @@ type parkedMessage struct {
 // OnSelectSubscribers, called from inside the injection on the same
 // goroutine, reads group and exclude.
 type redispatcher struct {
-	mu        sync.Mutex
-	inline    *mqtt.Client
-	group     string // the group being injected to; "" outside an injection
-	exclude   string // the departed member
-	delivered bool   // a member of group was there to receive it
+	mu      sync.Mutex
+	inline  *mqtt.Client
+	group   string // the group being injected to; "" outside an injection
+	exclude string // the departed member
+	// avoid are members that are left out too while some other member
+	// of the group remains (members stalled on their own deliveries).
+	avoid     map[string]struct{}
+	delivered bool // a member of group was there to receive it
 	parked    []parkedMessage
+	// storage is told of deliveries taken out of a session; nil without
+	// persistence. Set before the server starts, read-only after.
+	storage InflightStorage
+}
+
+// SetInflightStorage makes re-dispatch delete what it takes out of a
+// session from storage too. Call it before the server starts.
+func (h *SelectionHook) SetInflightStorage(s InflightStorage) {
+	h.redispatch.storage = s
+}
+
+// forgetStored deletes cl's delivery pk from the persistent store, if any.
+func (h *SelectionHook) forgetStored(cl *mqtt.Client, pk packets.Packet) {
+	if s := h.redispatch.storage; s != nil {
+		s.OnQosDropped(cl, pk)
+	}
 }
 
 // redispatchUnacknowledged re-dispatches the QoS≥1 deliveries cl never
@@ -85,9 +129,11 @@ func (h *SelectionHook) redispatchUnacknowledged(cl *mqtt.Client) {
 		if !ok {
 			continue // a plain subscription's delivery: the session's own
 		}
-		if cl.State.Inflight.Delete(pk.PacketID) {
-			atomic.AddInt64(&h.cfg.Server.Info.Inflight, -1)
+		if !cl.State.Inflight.Delete(pk.PacketID) {
+			continue // acknowledged meanwhile
 		}
+		atomic.AddInt64(&h.cfg.Server.Info.Inflight, -1)
+		h.forgetStored(cl, pk)
 		h.inject(group, cl.ID, pk)
 	}
 }
@@ -111,6 +157,12 @@ func (h *SelectionHook) groupOf(clientID, topic string) (string, bool) {
 // inject publishes pk again to group only, leaving out the member exclude;
 // with nobody to receive it, it is parked.
 func (h *SelectionHook) inject(group, exclude string, pk packets.Packet) {
+	h.injectAvoiding(group, exclude, nil, pk)
+}
+
+// injectAvoiding is inject that also leaves out the members in avoid,
+// unless they are all that is left of the group besides exclude.
+func (h *SelectionHook) injectAvoiding(group, exclude string, avoid map[string]struct{}, pk packets.Packet) {
 	out := pk.Copy(false)
 	out.FixedHeader.Dup = true
 	out.FixedHeader.Retain = false
@@ -129,10 +181,10 @@ func (h *SelectionHook) inject(group, exclude string, pk packets.Packet) {
 	// without a member of this one, plain subscribers would get a copy.
 	delivered := false
 	if h.hasOtherMember(group, exclude, out.TopicName) {
-		r.group, r.exclude, r.delivered = group, exclude, false
+		r.group, r.exclude, r.avoid, r.delivered = group, exclude, avoid, false
 		err := h.cfg.Server.InjectPacket(r.inline, out)
 		delivered = r.delivered && err == nil
-		r.group, r.exclude = "", ""
+		r.group, r.exclude, r.avoid = "", "", nil
 	}
 	if delivered {
 		h.Redispatch.Redispatched.Add(1)
@@ -172,6 +224,20 @@ func (h *SelectionHook) restrictToRedispatchGroup(subs *mqtt.Subscribers, pk pac
 			continue
 		}
 		delete(members, r.exclude)
+		if len(r.avoid) > 0 {
+			avoidAll := true
+			for id := range members {
+				if _, ok := r.avoid[id]; !ok {
+					avoidAll = false
+					break
+				}
+			}
+			if !avoidAll {
+				for id := range r.avoid {
+					delete(members, id)
+				}
+			}
+		}
 		if len(members) == 0 {
 			delete(subs.Shared, filter)
 			continue

@@ -143,6 +143,12 @@ type SelectionHook struct {
 	Redispatch RedispatchCounters
 
 	redispatch redispatcher
+	// LateBinding counts messages held while every member was busy (see
+	// latebinding.go).
+	LateBinding LateBindingCounters
+	late        lateBinder
+	// rejections keeps the most recent rejected reports (RecentRejections).
+	rejections rejectionLog
 }
 
 // NewSelectionHook returns a hook for cfg.
@@ -159,7 +165,14 @@ func NewSelectionHook(cfg SelectionConfig) (*SelectionHook, error) {
 			Key: report.ReportIntervalProperty,
 			Val: strconv.FormatInt(cfg.ReportInterval.Milliseconds(), 10),
 		},
+		late: newLateBinder(),
 	}, nil
+}
+
+// Stop stops late binding's goroutine, if it started.
+func (h *SelectionHook) Stop() error {
+	h.stopLateBinder()
+	return nil
 }
 
 // ID identifies the hook to Mochi.
@@ -279,6 +292,9 @@ func (h *SelectionHook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonC
 		h.cfg.Engine.SetReceiveMaximum(cl.ID, int(cl.Properties.Props.ReceiveMaximum))
 		h.resyncInFlight(cl)
 	}
+	if len(joined) > 0 {
+		h.wakeLateBinder()
+	}
 	if len(joined) > 0 && h.ParkedRedispatch() > 0 {
 		h.releaseParked(joined)
 	}
@@ -316,6 +332,7 @@ func (h *SelectionHook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packet
 	}
 	if oversized {
 		h.Reports.Oversized.Add(1)
+		h.rejections.add(cl.ID, ViaPingreq, "report larger than "+strconv.Itoa(report.MaxPayload)+" bytes; client disconnected")
 		h.Log.Warn("load report larger than allowed; disconnecting",
 			"client", cl.ID, "limit_bytes", report.MaxPayload)
 		_ = h.cfg.Server.DisconnectClient(cl, packets.ErrPacketTooLarge)
@@ -340,6 +357,7 @@ func (h *SelectionHook) applyReport(cl *mqtt.Client, payload []byte, via ReportC
 	r, err := report.Decode(payload)
 	if err != nil {
 		h.Reports.Malformed[via].Add(1)
+		h.rejections.add(cl.ID, via, err.Error())
 		h.Log.Debug("ignored malformed load report", "client", cl.ID, "via", via.String(), "error", err)
 		return false
 	}
@@ -359,6 +377,7 @@ func (h *SelectionHook) applyReport(cl *mqtt.Client, payload []byte, via ReportC
 		HasReceived:    r.HasReceived,
 		WrittenAgo:     writtenAgo,
 	})
+	h.wakeLateBinder()
 	h.Reports.Accepted[via].Add(1)
 	return true
 }
@@ -395,10 +414,22 @@ func (h *SelectionHook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packe
 // OnSelectSubscribers picks the receiving member of every shared group
 // that matched the message.
 func (h *SelectionHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
-	h.restrictToRedispatchGroup(subs, pk)
-	msg := scoring.Message{PublisherID: pk.Origin, Topic: pk.TopicName}
+	redispatched := h.restrictToRedispatchGroup(subs, pk)
+	lateBound := h.restrictToLateBoundGroup(subs, pk)
+	mayHold := !redispatched && !lateBound && h.lateBindingOn()
+	msg := scoringMessage(pk)
 	for filter, members := range subs.Shared {
-		id, ok := h.cfg.Engine.SelectMember(filter, msg)
+		var id string
+		var ok bool
+		if mayHold {
+			var held bool
+			if id, held, ok = h.holdOrSelect(filter, pk); held {
+				delete(subs.Shared, filter) // handed over later (latebinding.go)
+				continue
+			}
+		} else {
+			id, ok = h.cfg.Engine.SelectMember(filter, msg)
+		}
 		sub, found := members[id]
 		if !ok || !found {
 			h.Fallbacks.Add(1)
@@ -472,6 +503,7 @@ func (h *SelectionHook) deliveryEnded(cl *mqtt.Client, acknowledged bool) {
 	} else {
 		h.cfg.Engine.InFlightDropped(cl.ID)
 	}
+	h.wakeLateBinder()
 }
 
 // OnPublishDropped resynchronises a member's in-flight count: Mochi rolls a

@@ -1,10 +1,14 @@
 // Package dashboard serves LuffyMQ's operator dashboard: one self-contained
-// HTML page (its CSS and JavaScript inline, nothing fetched from elsewhere)
-// that polls the broker's status API every second and shows, per shared
-// group, what each member reported and how many messages it was given.
+// HTML page (its CSS and JavaScript inline, its charts drawn as SVG by the
+// page itself, nothing fetched from elsewhere) showing the broker summary,
+// charts of the last minutes, every shared group with its members, recent
+// rejected load reports and, when it is on, the site bridge.
 //
-// The page reads GET /api/v1/groups and GET /api/v1/overview from the
-// server that serves it; the broker mounts Handler at / and /dashboard.
+// The page follows GET /api/v1/events (Server-Sent Events: the history on
+// connect, then a snapshot every second). When the stream cannot be opened
+// it polls GET /api/v1/groups and GET /api/v1/overview (and the rejected
+// reports and bridge endpoints) every second, trying the stream again every
+// 15 s. The broker mounts Handler at / and /dashboard.
 package dashboard
 
 import (
@@ -20,10 +24,14 @@ import (
 //go:embed index.html
 var page []byte
 
-// GroupsPath and OverviewPath are the API endpoints the page polls.
+// The API endpoints the page reads: EventsPath live, the others when it
+// falls back to polling.
 const (
-	GroupsPath   = "/api/v1/groups"
-	OverviewPath = "/api/v1/overview"
+	EventsPath          = "/api/v1/events"
+	GroupsPath          = "/api/v1/groups"
+	OverviewPath        = "/api/v1/overview"
+	RejectedReportsPath = "/api/v1/rejected-reports"
+	BridgePath          = "/api/v1/bridge"
 )
 
 // contentSecurityPolicy allows exactly the page's own inline script and
