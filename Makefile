@@ -5,9 +5,9 @@ BIN       := bin
 PKGS      := ./...
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: run build test test-short lint fmt deps fuzz bench demo-multisite clean
+.PHONY: run build test test-short lint fmt deps fuzz bench soak demo-multisite clean
 
-## run: build and start luffymq with defaults (MQTT :1883, HTTP 127.0.0.1:8080, strategy adaptive)
+## run: build and start luffymq with defaults (MQTT 127.0.0.1:1883, HTTP 127.0.0.1:8080, strategy adaptive)
 run: build
 	./$(BIN)/luffymq $(ARGS)
 
@@ -70,7 +70,18 @@ bench:
 	$(BENCH_RUN) --merge --scenario thesis-1 --duration 5s --repeat 3 --subscriber sdk --systems $(BENCH_SYSTEMS)
 	$(BENCH_RUN) --merge --scenario step --scenario join --duration 14s --repeat 1 --subscriber sdk --systems $(BENCH_SYSTEMS)
 	./$(BIN)/luffy-bench throughput --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --repeat 3 --messages 10000 --fanout-messages 5000 --timeout 30s
+	./$(BIN)/luffy-bench reliability --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --burst-pending-writes 65536
 	./scripts/update-bench-readme.sh $(BENCH_OUT)/summary.md
+
+## soak: bounded soak test, not part of test (30 min by default): the real luffymq with 2 000
+##   connections in 20 shared groups, 500 msg/s of QoS 0 and 1, members leaving and crashing;
+##   lost/duplicated counts, p99, RSS and goroutines over time into SOAK_OUT (soak.json,
+##   summary.md, PNGs). SOAK_ARGS="--duration 3m --connections 500" shortens it.
+SOAK_OUT  ?= bench/results/soak
+SOAK_ARGS ?=
+soak:
+	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench
+	./$(BIN)/luffy-bench soak --luffymq $(BIN)/luffymq --out $(SOAK_OUT) $(SOAK_ARGS)
 
 ## demo-multisite: three sites (real RabbitMQ nodes + luffymq each) joined over emulated WAN links
 demo-multisite: deps

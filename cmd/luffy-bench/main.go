@@ -4,18 +4,36 @@
 //
 //	luffy-bench shared --scenario thesis-2 --repeat 3 --subscriber sdk,thesis-reporter --out bench/results
 //	luffy-bench throughput --repeat 3 --out bench/results
+//	luffy-bench reliability --out bench/results
+//	luffy-bench soak --duration 30m --out bench/results/soak
 //	luffy-bench mochi-server --listen 127.0.0.1:1883
 //
 // Every broker runs as a process of its own; vanilla Mochi runs as this
-// command's mochi-server subcommand.
+// command's mochi-server subcommand. `reliability` runs the lost / stalled /
+// dropped scenarios (crash-qos1, stuck-subscriber, qos0-burst) against
+// luffymq, vanilla Mochi and Mosquitto in the same run. `soak` runs 2 000
+// connections in shared groups with churn for 30 min against luffymq and
+// records lost, duplicated, latency, RSS and goroutines over time.
 package main
 
 import (
+	"context"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/luffymq/luffymq/bench"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == bench.SoakCommand {
+		os.Exit(bench.SoakMain(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == bench.ReliabilityCommand {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := bench.ReliabilityMain(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
 	os.Exit(bench.Main(os.Args[1:], os.Stdout, os.Stderr))
 }
