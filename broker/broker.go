@@ -356,20 +356,25 @@ func (b *Broker) Close() error {
 // listener's clients while holding the clients' read lock and takes it
 // again inside (Clients.GetByListener calls Len); a client removing
 // itself at that moment waits for the write lock and both block forever.
-// With every client already gone, Close finds nothing to race with.
+// With every client already gone, Close finds nothing to race with. New
+// connections are refused first, so none attaches meanwhile (a client
+// reconnecting at once would otherwise keep Close waiting for it).
 func (b *Broker) disconnectClients(timeout time.Duration) {
-	for _, cl := range b.server.Clients.GetAll() {
-		cl.Stop(errBrokerClosing)
-	}
-	done := make(chan struct{})
-	go func() {
-		b.server.Listeners.ClientsWg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(timeout):
-		b.log.Warn("clients still finishing at shutdown", "timeout", timeout)
+	b.guard.StopAccepting()
+	deadline := time.Now().Add(timeout)
+	for {
+		// Again each round: a connection admitted just before may have
+		// attached its client since.
+		for _, cl := range b.server.Clients.GetAll() {
+			cl.Stop(errBrokerClosing)
+		}
+		if b.guard.WaitConnections(50 * time.Millisecond) {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.log.Warn("clients still finishing at shutdown", "timeout", timeout)
+			return
+		}
 	}
 }
 

@@ -62,6 +62,50 @@ type Guard struct {
 	logMu            sync.Mutex
 	lastRefusalLog   time.Time
 	refusedSinceLast int
+
+	// Shutdown: once closing is set (under admitMu) no connection is
+	// admitted, so conns only counts down and may be waited for.
+	admitMu sync.Mutex
+	closing bool
+	conns   sync.WaitGroup
+}
+
+// StopAccepting makes the guard close every connection accepted from now
+// on before the broker sees it. A broker shutting down calls it first, so
+// that no client attaches while it disconnects the others.
+func (g *Guard) StopAccepting() {
+	g.admitMu.Lock()
+	g.closing = true
+	g.admitMu.Unlock()
+}
+
+// WaitConnections waits until every admitted connection has ended (its
+// client is gone from the broker), at most timeout; it reports whether they
+// all did. Call it after StopAccepting.
+func (g *Guard) WaitConnections(timeout time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		g.conns.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(timeout):
+		return false
+	}
+}
+
+// admit counts c as a connection of the broker, or reports false when the
+// guard stopped accepting.
+func (g *Guard) admit() bool {
+	g.admitMu.Lock()
+	defer g.admitMu.Unlock()
+	if g.closing {
+		return false
+	}
+	g.conns.Add(1)
+	return true
 }
 
 // GuardStats are a Guard's counters since it was made.
@@ -106,6 +150,11 @@ func (g *Guard) WrapListener(l listeners.Listener) listeners.Listener {
 // connection's lifetime (Mochi's establish function returns when the
 // client is gone).
 func (g *Guard) establish(l *listener, id string, c net.Conn, establish listeners.EstablishFn) error {
+	if !g.admit() {
+		_ = c.Close() // shutting down
+		return nil
+	}
+	defer g.conns.Done()
 	if limit := g.cfg.MaxConnections; limit > 0 {
 		if l.active.Add(1) > int64(limit) {
 			l.active.Add(-1)
