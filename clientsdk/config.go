@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/eclipse/paho.golang/autopaho"
 	"github.com/eclipse/paho.golang/paho"
 )
 
@@ -90,17 +91,48 @@ type ConnectionConfig struct {
 
 // SubscriberConfig configures a Subscriber.
 type SubscriberConfig struct {
+	// ConnectionConfig says how to reach the broker, unless Autopaho is
+	// set.
 	ConnectionConfig
 
+	// Autopaho, when set, is the configuration of the Subscriber's
+	// connection, as an autopaho application already has it: its server
+	// URLs, TLS and WebSocket settings, AttemptConnection, Will message,
+	// credentials, keep-alive, session (Session, SessionExpiryInterval,
+	// CleanStartOnInitialConnection), publish Queue, reconnection backoff,
+	// connection callbacks and OnPublishReceived handlers all keep working.
+	// The Subscriber works on a copy: it sets PingHandler (which must be
+	// nil) to its load reporter, runs its own OnPublishReceived handler
+	// before the application's (they see the groups' messages with
+	// AlreadyHandled set), enables manual acknowledgement when a group's QoS
+	// is above 0 (acknowledging, after the application's handlers, the
+	// messages of no group unless the application acknowledges manually
+	// itself), announces at most QueueCapacity as Receive Maximum, and runs
+	// its OnConnectionUp, OnConnectionDown and OnConnectError before the
+	// application's. When OnConnectionDown returns false the Subscriber
+	// stops for good (see Subscriber.Done). ConnectionConfig must then be
+	// empty except for ClientID (used when the ClientConfig's is empty),
+	// ConnectTimeout, MaxReconnectWait and Logger.
+	Autopaho *autopaho.ClientConfig
+
 	// Group is the shared-subscription group name: the Subscriber
-	// subscribes to $share/<Group>/<filter> for each of Filters.
+	// subscribes to $share/<Group>/<filter> for each of Filters. It may be
+	// empty when Groups lists every group.
 	Group string
 	// Filters are the topic filters to share; at least one.
 	Filters []string
 	// QoS is the maximum QoS of the subscription (0, 1 or 2).
 	QoS byte
-	// Handler processes each message; required.
+	// Handler processes each message; required unless every group has its
+	// own.
 	Handler Handler
+	// Groups are further shared groups joined on the same connection. All
+	// groups share the Subscriber's pending queue, workers and load
+	// report: the broker knows a member's load per client, not per group.
+	// Give groups disjoint filters: a broker that merges a client's
+	// overlapping subscriptions (Mochi and LuffyMQ do) delivers a message
+	// that matches two groups once, to one of them.
+	Groups []GroupSubscription
 	// Workers is the number of handlers running at once; DefaultWorkers
 	// when 0.
 	Workers int
@@ -133,36 +165,113 @@ type SubscriberConfig struct {
 
 	// AckFlushInterval is how often acknowledgements of finished QoS 1/2
 	// messages are sent (they must go out in arrival order);
-	// DefaultAckFlushInterval when 0. The broker learns of a completion
-	// this late at most.
+	// DefaultAckFlushInterval when 0 (or the Autopaho config's
+	// SendAcksInterval when set). The broker learns of a completion this
+	// late at most.
 	AckFlushInterval time.Duration
+
+	// groups are every group, Group's first, with defaults filled in (set
+	// by withDefaults).
+	groups []GroupSubscription
+}
+
+// GroupSubscription is one shared group a Subscriber joins.
+type GroupSubscription struct {
+	// Group is the shared-subscription group name.
+	Group string
+	// Filters are the topic filters shared in the group; at least one.
+	Filters []string
+	// QoS is the maximum QoS of the group's subscriptions (0, 1 or 2).
+	QoS byte
+	// Handler processes the group's messages; SubscriberConfig.Handler
+	// when nil.
+	Handler Handler
+	// DeadLetterTopic receives the group's messages whose every attempt
+	// failed; "dlq/<Group>" when "".
+	DeadLetterTopic string
+}
+
+// withDefaults validates g (described as name in errors) and returns a copy
+// with defaults filled in.
+func (g GroupSubscription) withDefaults(name string, handler Handler) (GroupSubscription, error) {
+	if g.Group == "" {
+		return g, fmt.Errorf("subscriber config: %sGroup is empty; set the shared-subscription group name", name)
+	}
+	if strings.ContainsAny(g.Group, "/+#") {
+		return g, fmt.Errorf("subscriber config: %sGroup %q must not contain '/', '+' or '#'", name, g.Group)
+	}
+	if len(g.Filters) == 0 {
+		return g, fmt.Errorf("subscriber config: %sFilters is empty; give at least one topic filter", name)
+	}
+	for _, f := range g.Filters {
+		if err := validFilter(f); err != nil {
+			return g, fmt.Errorf("subscriber config: %sfilter %q: %w", name, f, err)
+		}
+	}
+	if g.QoS > 2 {
+		return g, fmt.Errorf("subscriber config: %sQoS %d: want 0, 1 or 2", name, g.QoS)
+	}
+	if g.Handler == nil {
+		g.Handler = handler
+	}
+	if g.Handler == nil {
+		return g, fmt.Errorf("subscriber config: %sHandler is nil", name)
+	}
+	if g.DeadLetterTopic == "" {
+		g.DeadLetterTopic = "dlq/" + g.Group
+	}
+	if strings.ContainsAny(g.DeadLetterTopic, "+#") {
+		return g, fmt.Errorf("subscriber config: %sDeadLetterTopic %q must not contain wildcards", name, g.DeadLetterTopic)
+	}
+	return g, nil
+}
+
+// withGroupDefaults validates the groups and fills in c.groups.
+func (c SubscriberConfig) withGroupDefaults() (SubscriberConfig, error) {
+	c.groups = nil
+	if c.Group != "" || len(c.Groups) == 0 {
+		first, err := GroupSubscription{
+			Group: c.Group, Filters: c.Filters, QoS: c.QoS, Handler: c.Handler, DeadLetterTopic: c.DeadLetterTopic,
+		}.withDefaults("", c.Handler)
+		if err != nil {
+			return c, err
+		}
+		c.DeadLetterTopic = first.DeadLetterTopic
+		c.groups = append(c.groups, first)
+	} else if len(c.Filters) > 0 {
+		return c, errors.New("subscriber config: Filters given without Group; name their group")
+	}
+	seen := map[string]bool{}
+	if len(c.groups) > 0 {
+		seen[c.Group] = true
+	}
+	for i, g := range c.Groups {
+		g, err := g.withDefaults(fmt.Sprintf("Groups[%d]: ", i), c.Handler)
+		if err != nil {
+			return c, err
+		}
+		if seen[g.Group] {
+			return c, fmt.Errorf("subscriber config: Groups[%d]: group %q is joined twice; give each group once, with all its filters", i, g.Group)
+		}
+		seen[g.Group] = true
+		c.groups = append(c.groups, g)
+	}
+	return c, nil
 }
 
 // withDefaults validates c and returns a copy with defaults filled in.
 func (c SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	var err error
-	if c.ConnectionConfig, err = c.ConnectionConfig.withDefaults(); err != nil {
+	if c.Autopaho != nil {
+		c.ConnectionConfig, err = c.ConnectionConfig.withAutopahoDefaults(c.Autopaho)
+	} else {
+		c.ConnectionConfig, err = c.ConnectionConfig.withDefaults()
+	}
+	if err != nil {
 		return c, err
 	}
-	if c.Group == "" {
-		return c, errors.New("subscriber config: Group is empty; set the shared-subscription group name")
-	}
-	if strings.ContainsAny(c.Group, "/+#") {
-		return c, fmt.Errorf("subscriber config: Group %q must not contain '/', '+' or '#'", c.Group)
-	}
-	if len(c.Filters) == 0 {
-		return c, errors.New("subscriber config: Filters is empty; give at least one topic filter")
-	}
-	for _, f := range c.Filters {
-		if err := validFilter(f); err != nil {
-			return c, fmt.Errorf("subscriber config: filter %q: %w", f, err)
-		}
-	}
-	if c.QoS > 2 {
-		return c, fmt.Errorf("subscriber config: QoS %d: want 0, 1 or 2", c.QoS)
-	}
-	if c.Handler == nil {
-		return c, errors.New("subscriber config: Handler is nil")
+	if c, err = c.withGroupDefaults(); err != nil {
+		return c, err
 	}
 	if c.Workers < 0 {
 		return c, fmt.Errorf("subscriber config: Workers %d is negative", c.Workers)
@@ -197,17 +306,56 @@ func (c SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	if c.MaxRetryBackoff == 0 {
 		c.MaxRetryBackoff = DefaultMaxRetryBackoff
 	}
-	if c.DeadLetterTopic == "" {
-		c.DeadLetterTopic = "dlq/" + c.Group
-	}
-	if strings.ContainsAny(c.DeadLetterTopic, "+#") {
-		return c, fmt.Errorf("subscriber config: DeadLetterTopic %q must not contain wildcards", c.DeadLetterTopic)
-	}
 	if c.AckFlushInterval < 0 {
 		return c, fmt.Errorf("subscriber config: AckFlushInterval %s is negative", c.AckFlushInterval)
 	}
+	if c.AckFlushInterval == 0 && c.Autopaho != nil {
+		c.AckFlushInterval = c.Autopaho.SendAcksInterval
+	}
 	if c.AckFlushInterval == 0 {
 		c.AckFlushInterval = DefaultAckFlushInterval
+	}
+	return c, nil
+}
+
+// withAutopahoDefaults validates c for a connection configured by ac and
+// returns a copy with defaults filled in.
+func (c ConnectionConfig) withAutopahoDefaults(ac *autopaho.ClientConfig) (ConnectionConfig, error) {
+	if len(c.Brokers) > 0 || c.Username != "" || c.Password != "" || c.TLS != nil || c.KeepAlive != 0 || c.SessionExpiry != 0 {
+		return c, errors.New("connection config: with Autopaho set, give the brokers, credentials, TLS, keep-alive and session expiry in the autopaho.ClientConfig, not in ConnectionConfig")
+	}
+	if len(ac.ServerUrls) == 0 && len(ac.BrokerUrls) == 0 {
+		return c, errors.New("connection config: the autopaho.ClientConfig has no ServerUrls")
+	}
+	if ac.PingHandler != nil {
+		return c, errors.New("connection config: the autopaho.ClientConfig has a PingHandler; leave it nil, the Subscriber's load reporter is the PingHandler")
+	}
+	if ac.Router != nil {
+		return c, errors.New("connection config: the autopaho.ClientConfig has a Router (deprecated in paho); use OnPublishReceived")
+	}
+	switch {
+	case c.ClientID != "" && ac.ClientID != "" && c.ClientID != ac.ClientID:
+		return c, fmt.Errorf("connection config: ClientID %q differs from the autopaho.ClientConfig's %q; give one", c.ClientID, ac.ClientID)
+	case ac.ClientID != "":
+		c.ClientID = ac.ClientID
+	case c.ClientID == "":
+		c.ClientID = randomClientID()
+	}
+	c.KeepAlive = time.Duration(ac.KeepAlive) * time.Second
+	if c.ConnectTimeout < 0 || c.MaxReconnectWait < 0 {
+		return c, fmt.Errorf("connection config: ConnectTimeout %s and MaxReconnectWait %s must not be negative", c.ConnectTimeout, c.MaxReconnectWait)
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = ac.ConnectTimeout
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.MaxReconnectWait == 0 {
+		c.MaxReconnectWait = DefaultMaxReconnectWait
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	return c, nil
 }
@@ -262,7 +410,8 @@ func (c ConnectionConfig) sessionExpirySeconds() uint32 {
 }
 
 // connectPacketBuilder returns an autopaho CONNECT customisation that
-// announces receiveMax (when not nil) as the Receive Maximum and asks for
+// announces receiveMax (when not nil and lower than a Receive Maximum
+// already set) as the Receive Maximum and asks for
 // problem information. paho encodes Request Problem Information = 0 whenever
 // CONNECT has properties and the flag is unset, and some brokers (Mochi) then
 // strip every User Property they send, including the report interval in
@@ -273,7 +422,7 @@ func connectPacketBuilder(receiveMax *uint16) func(*paho.Connect, *url.URL) (*pa
 			cp.Properties = &paho.ConnectProperties{}
 		}
 		cp.Properties.RequestProblemInfo = true
-		if receiveMax != nil {
+		if receiveMax != nil && (cp.Properties.ReceiveMaximum == nil || *cp.Properties.ReceiveMaximum > *receiveMax) {
 			cp.Properties.ReceiveMaximum = receiveMax
 		}
 		return cp, nil

@@ -18,6 +18,14 @@
 // (at most every 100 ms), and otherwise every report interval, which it
 // takes from the broker's CONNACK unless configured.
 //
+// An application that keeps its own autopaho (or paho) client reports its
+// load with a LoadReporter instead: LoadReporter.Adopt sets its Pinger on
+// the autopaho.ClientConfig and measures the OnPublishReceived handlers;
+// Received, Start and Done report messages processed off paho's goroutine.
+// A Subscriber can also be built from an existing autopaho.ClientConfig
+// (SubscriberConfig.Autopaho), keeping its Will message, TLS, WebSocket,
+// session and callbacks, and join several groups on one connection.
+//
 // Against a broker that closes the connection on an extended PINGREQ, or
 // leaves it unanswered, the Subscriber switches to PUBLISH reports for the
 // rest of its life and logs it once. (Mosquitto 2.0.11 and vanilla Mochi

@@ -9,13 +9,12 @@ import (
 // mean processing time (an exponentially weighted moving average).
 const meanWeight = 0.1
 
-// loadTracker keeps what the Subscriber knows about its own load: running
-// handlers, handler durations and the running mean processing time.
+// loadTracker keeps what a LoadReporter knows about its client's load:
+// running handlers, handler durations and the running mean processing time.
 type loadTracker struct {
-	mu       sync.Mutex
-	workers  int
-	running  []time.Time // start of the handler running in each worker slot; zero when idle
-	inFlight int
+	mu      sync.Mutex
+	workers int
+	running []time.Time // start times of the handlers running now, in no particular order
 
 	mean      time.Duration // running estimate of the handler duration
 	meanKnown bool
@@ -26,28 +25,35 @@ type loadTracker struct {
 }
 
 func newLoadTracker(workers int) *loadTracker {
-	return &loadTracker{workers: workers, running: make([]time.Time, workers)}
+	return &loadTracker{workers: workers, running: make([]time.Time, 0, workers)}
 }
 
-// begin records that the worker in slot started a handler at now.
-func (l *loadTracker) begin(slot int, now time.Time) {
+// begin records that a handler started at start.
+func (l *loadTracker) begin(start time.Time) {
 	l.mu.Lock()
-	l.running[slot] = now
-	l.inFlight++
+	l.running = append(l.running, start)
 	l.mu.Unlock()
 }
 
-// end records that the handler in slot finished at now and returns how many
-// handlers finished since the last report.
-func (l *loadTracker) end(slot int, now time.Time) (finishedSinceReport int) {
+// end records that the handler that started at start finished at now and
+// returns how many handlers finished since the last report. A start that
+// begin did not record (the caller timed the handler itself) counts for the
+// processing time but not for the handlers running.
+func (l *loadTracker) end(start, now time.Time) (finishedSinceReport int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	d := now.Sub(l.running[slot])
+	d := now.Sub(start)
 	if d < 0 {
 		d = 0
 	}
-	l.running[slot] = time.Time{}
-	l.inFlight--
+	for i, r := range l.running {
+		if r.Equal(start) {
+			last := len(l.running) - 1
+			l.running[i] = l.running[last]
+			l.running = l.running[:last]
+			break
+		}
+	}
 	if l.meanKnown {
 		l.mean += time.Duration(meanWeight * float64(d-l.mean))
 	} else {
@@ -70,7 +76,7 @@ func (l *loadTracker) signal() (finishedSinceReport int, meanKnown bool) {
 func (l *loadTracker) meanProcessingTime() (mean time.Duration, inFlight int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.mean, l.inFlight
+	return l.mean, len(l.running)
 }
 
 // loadSnapshot is the tracker's share of a load report.
@@ -93,14 +99,12 @@ func (l *loadTracker) take(now time.Time, pending int) loadSnapshot {
 		s.processed = l.countSinceReport
 	}
 	l.sumSinceReport, l.countSinceReport = 0, 0
-	s.inFlight = l.inFlight
+	s.inFlight = len(l.running)
 	if l.meanKnown {
 		var elapsed [16]time.Duration
 		el := elapsed[:0]
 		for _, start := range l.running {
-			if !start.IsZero() {
-				el = append(el, now.Sub(start))
-			}
+			el = append(el, now.Sub(start))
 		}
 		s.backlog, s.backlogKnown = estimateBacklog(l.mean, el, pending, l.workers), true
 	}

@@ -38,10 +38,10 @@ func TestLoadTrackerReportsMeanSinceLastReport(t *testing.T) {
 	require.Zero(t, snap.processingTime, "nothing finished yet")
 	require.False(t, snap.backlogKnown, "no estimate before a measurement")
 
-	l.begin(0, t0)
-	l.begin(1, t0)
-	require.Equal(t, 1, l.end(0, t0.Add(10*time.Millisecond)), "first finish since the report")
-	require.Equal(t, 2, l.end(1, t0.Add(30*time.Millisecond)))
+	l.begin(t0)
+	l.begin(t0)
+	require.Equal(t, 1, l.end(t0, t0.Add(10*time.Millisecond)), "first finish since the report")
+	require.Equal(t, 2, l.end(t0, t0.Add(30*time.Millisecond)))
 	finished, known := l.signal()
 	require.Equal(t, 2, finished)
 	require.True(t, known)
@@ -51,7 +51,7 @@ func TestLoadTrackerReportsMeanSinceLastReport(t *testing.T) {
 	require.Equal(t, 12*time.Millisecond, mean)
 	require.Zero(t, inFlight)
 
-	l.begin(0, t0.Add(40*time.Millisecond))
+	l.begin(t0.Add(40 * time.Millisecond))
 	snap = l.take(t0.Add(44*time.Millisecond), 3)
 	require.Equal(t, 20*time.Millisecond, snap.processingTime, "mean of 10 ms and 30 ms")
 	require.Equal(t, 1, snap.inFlight)

@@ -3,6 +3,7 @@ package clientsdk
 import (
 	"context"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -45,6 +46,8 @@ type Handler func(ctx context.Context, m *Message) error
 type Message struct {
 	// Topic is the topic the message was published to.
 	Topic string
+	// Group is the shared group the message was delivered through.
+	Group string
 	// Payload is the message body.
 	Payload []byte
 	// QoS is the quality of service the message was delivered with.
@@ -98,4 +101,27 @@ func SentAt(m *Message) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return time.Unix(0, ns), true
+}
+
+// topicMatches says whether an MQTT topic filter matches topic. A filter
+// starting with a wildcard does not match topics starting with '$'.
+func topicMatches(filter, topic string) bool {
+	if strings.HasPrefix(topic, "$") && (strings.HasPrefix(filter, "+") || strings.HasPrefix(filter, "#")) {
+		return false
+	}
+	for {
+		fl, frest, fmore := strings.Cut(filter, "/")
+		if fl == "#" {
+			return true
+		}
+		tl, trest, tmore := strings.Cut(topic, "/")
+		if fl != "+" && fl != tl {
+			return false
+		}
+		if !fmore || !tmore {
+			// "a/#" also matches "a".
+			return fmore == tmore || (fmore && frest == "#")
+		}
+		filter, topic = frest, trest
+	}
 }

@@ -38,7 +38,8 @@ type reportSource interface {
 
 // reportPinger is a paho.Pinger that, besides keep-alive, sends load reports
 // in extended PINGREQs or report PUBLISHes on the connection it is given.
-// One reportPinger serves every connection of a Subscriber.
+// One reportPinger serves every connection of a LoadReporter (and so of a
+// Subscriber).
 type reportPinger struct {
 	src      reportSource
 	channel  ReportChannel // configured channel

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -13,36 +14,41 @@ import (
 
 	"github.com/eclipse/paho.golang/autopaho"
 	"github.com/eclipse/paho.golang/paho"
-
-	"github.com/luffymq/luffymq/clientsdk/report"
 )
 
 // maxAnnouncedInterval bounds a credible report interval from CONNACK.
 const maxAnnouncedInterval = time.Hour
 
-// Subscriber is a member of an MQTT v5 shared subscription that processes
+// maxSubscriptionID is the largest MQTT v5 Subscription Identifier. The
+// Subscriber identifies group i's subscriptions by maxSubscriptionID − i,
+// far from the small numbers applications pick for their own.
+const maxSubscriptionID = 268_435_455
+
+// Subscriber is a member of MQTT v5 shared subscriptions that processes
 // messages with a Handler on a fixed number of workers and reports its load
 // (pending messages, processing time) to the broker, so that a load-aware
 // broker such as LuffyMQ can send each message to the member that will start
 // it soonest. Against any other MQTT v5 broker it works as a plain shared
 // subscriber.
 //
-// Received messages enter a bounded pending queue; workers take them in
-// order. QoS 1 and 2 messages are acknowledged only when their handler has
-// returned, so the broker's count of unacknowledged messages is the work
-// really outstanding. A failing message is retried and then sent to a
-// dead-letter topic. The Subscriber reconnects by itself.
+// It joins one shared group or several (SubscriberConfig.Groups) on one
+// connection, configured by ConnectionConfig or by an existing
+// autopaho.ClientConfig (SubscriberConfig.Autopaho). Received messages enter
+// a bounded pending queue; workers take them in order. QoS 1 and 2 messages
+// are acknowledged only when their handler has returned, so the broker's
+// count of unacknowledged messages is the work really outstanding. A failing
+// message is retried and then sent to a dead-letter topic. The Subscriber
+// reconnects by itself; Done and Err tell when it has stopped for good.
 type Subscriber struct {
 	cfg    SubscriberConfig
 	urls   []*url.URL
 	log    *slog.Logger
-	topics []string // $share/<group>/<filter>
+	groups []*subscriberGroup
+	topics []string // every group's $share/<group>/<filter>
 
-	queue  chan *delivery
-	load   *loadTracker
-	pinger *reportPinger
-
-	announcedInterval atomic.Int64 // report interval from the last CONNACK, ns; 0 if none
+	queue    chan *delivery
+	reporter *LoadReporter
+	pinger   *reportPinger // reporter's
 
 	runCtx  context.Context // handlers' context; cancelled when Close gives up
 	abandon context.CancelFunc
@@ -53,17 +59,35 @@ type Subscriber struct {
 	mu         sync.Mutex
 	state      subscriberState
 	cm         *autopaho.ConnectionManager
-	subscribed chan struct{} // closed on the first successful subscription
+	subscribed chan struct{} // closed when every group was first subscribed
 	subOnce    sync.Once
-	subErr     chan error // the first subscription's failure
+	failure    error         // why the Subscriber stopped for good; nil if it did not
+	stopped    chan struct{} // closed when the Subscriber has stopped
+	stopOnce   sync.Once
 
-	received       atomic.Uint64
-	receivedOnConn atomic.Uint64
-	processed      atomic.Uint64
-	failed         atomic.Uint64
-	retries        atomic.Uint64
-	deadLettered   atomic.Uint64
-	dropped        atomic.Uint64
+	received     atomic.Uint64
+	processed    atomic.Uint64
+	failed       atomic.Uint64
+	retries      atomic.Uint64
+	deadLettered atomic.Uint64
+	dropped      atomic.Uint64
+}
+
+// subscriberGroup is one joined group.
+type subscriberGroup struct {
+	GroupSubscription
+	topics         []string // $share/<group>/<filter>
+	subscriptionID int
+}
+
+// matches says whether topic matches one of the group's filters.
+func (g *subscriberGroup) matches(topic string) bool {
+	for _, f := range g.Filters {
+		if topicMatches(f, topic) {
+			return true
+		}
+	}
+	return false
 }
 
 type subscriberState int
@@ -77,6 +101,7 @@ const (
 // delivery is a received message with what is needed to acknowledge it.
 type delivery struct {
 	msg    *Message
+	group  *subscriberGroup
 	pub    *paho.Publish
 	client *paho.Client
 }
@@ -119,33 +144,55 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
-	urls, err := parseBrokerURLs(cfg.Brokers)
-	if err != nil {
-		return nil, err
+	var urls []*url.URL
+	if cfg.Autopaho == nil {
+		if urls, err = parseBrokerURLs(cfg.Brokers); err != nil {
+			return nil, err
+		}
+	}
+	logArgs := []any{"client_id", cfg.ClientID}
+	if len(cfg.groups) == 1 {
+		logArgs = append(logArgs, "group", cfg.groups[0].Group)
 	}
 	s := &Subscriber{
 		cfg:        cfg,
 		urls:       urls,
-		log:        cfg.Logger.With("client_id", cfg.ClientID, "group", cfg.Group),
+		log:        cfg.Logger.With(logArgs...),
 		queue:      make(chan *delivery, cfg.QueueCapacity),
-		load:       newLoadTracker(cfg.Workers),
 		drain:      make(chan struct{}),
 		intake:     make(chan struct{}),
 		subscribed: make(chan struct{}),
-		subErr:     make(chan error, 1),
+		stopped:    make(chan struct{}),
 	}
-	for _, f := range cfg.Filters {
-		s.topics = append(s.topics, "$share/"+cfg.Group+"/"+f)
+	for i, gs := range cfg.groups {
+		g := &subscriberGroup{GroupSubscription: gs, subscriptionID: maxSubscriptionID - i}
+		for _, f := range gs.Filters {
+			g.topics = append(g.topics, "$share/"+gs.Group+"/"+f)
+		}
+		s.groups = append(s.groups, g)
+		s.topics = append(s.topics, g.topics...)
 	}
+	s.reporter, err = NewLoadReporter(LoadReporterConfig{
+		Workers:        cfg.Workers,
+		Pending:        func() int { return len(s.queue) },
+		ReportVia:      cfg.ReportVia,
+		ReportInterval: cfg.ReportInterval,
+		Logger:         s.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscriber config: %w", err)
+	}
+	s.reporter.receivedCounted.Store(true)
+	s.pinger = s.reporter.pinger
 	s.runCtx, s.abandon = context.WithCancel(context.Background())
-	s.pinger = newReportPinger(s, cfg.ReportVia, s.reportInterval, s.log)
 	return s, nil
 }
 
 // Start connects to the broker, subscribes and starts the workers. It
-// returns once the first subscription is acknowledged, or with an error if
-// that fails or ctx ends first (the Subscriber is then closed). After Start
-// the Subscriber runs, reconnecting as needed, until Close.
+// returns once every group's subscription is acknowledged, or with an error
+// if that fails or ctx ends first (the Subscriber is then closed). After
+// Start the Subscriber runs, reconnecting as needed, until Close or a
+// permanent failure (see Done).
 func (s *Subscriber) Start(ctx context.Context) error {
 	s.mu.Lock()
 	if s.state != stateNew {
@@ -153,31 +200,59 @@ func (s *Subscriber) Start(ctx context.Context) error {
 		return errors.New("subscriber: Start called twice or after Close")
 	}
 	s.state = stateStarted
-	for i := range s.cfg.Workers {
+	for range s.cfg.Workers {
 		s.workers.Add(1)
-		go s.work(i)
+		go s.work()
 	}
 	cm, err := autopaho.NewConnection(context.Background(), s.clientConfig())
 	if err != nil {
 		s.mu.Unlock()
-		s.teardown()
-		return fmt.Errorf("subscriber: connecting to %v: %w", s.cfg.Brokers, err)
+		s.stop(fmt.Errorf("subscriber: connecting to %s: %w", s.servers(), err))
+		return s.Err()
 	}
 	s.cm = cm
 	s.mu.Unlock()
+	go s.watch(cm)
 
 	select {
 	case <-s.subscribed:
 		return nil
-	case err := <-s.subErr:
-		s.teardown()
-		return err
-	case <-ctx.Done():
-		s.teardown()
-		return fmt.Errorf("subscriber: connecting to %v and subscribing: %w", s.cfg.Brokers, ctx.Err())
-	case <-s.runCtx.Done():
+	case <-s.stopped:
+		if err := s.Err(); err != nil {
+			return err
+		}
 		return errors.New("subscriber: closed while starting")
+	case <-ctx.Done():
+		s.stop(fmt.Errorf("subscriber: connecting to %s and subscribing: %w", s.servers(), ctx.Err()))
+		return s.Err()
 	}
+}
+
+// Done returns a channel that is closed when the Subscriber has stopped for
+// good: Close or a failed Start stopped it, or a permanent failure did (the
+// broker refused a group's subscription on a reconnection, or the
+// application's OnConnectionDown declined to reconnect). Err says which.
+func (s *Subscriber) Done() <-chan struct{} {
+	return s.stopped
+}
+
+// Err returns why the Subscriber stopped: nil while it runs and after a
+// Close, the error otherwise.
+func (s *Subscriber) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failure
+}
+
+// ConnectionManager returns the Subscriber's autopaho connection manager
+// (nil before Start), to publish on the same connection: Publish, or
+// PublishViaQueue through the configured session queue. Subscriptions made
+// through it are the application's: their messages go to its own
+// OnPublishReceived handlers.
+func (s *Subscriber) ConnectionManager() *autopaho.ConnectionManager {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cm
 }
 
 // Close stops taking new messages (it unsubscribes), lets the workers finish
@@ -185,11 +260,17 @@ func (s *Subscriber) Start(ctx context.Context) error {
 // handlers' context is cancelled and messages not yet finished are left
 // unacknowledged, so the broker can deliver QoS 1/2 ones again; QoS 0 ones
 // are lost and counted in Stats.Dropped. Close returns ctx's error then.
+// After the Subscriber stopped by itself, Close returns nil (Err says why it
+// stopped).
 func (s *Subscriber) Close(ctx context.Context) error {
 	s.mu.Lock()
 	if s.state != stateStarted {
+		neverStarted := s.state == stateNew
 		s.state = stateClosed
 		s.mu.Unlock()
+		if neverStarted {
+			s.stopOnce.Do(func() { close(s.stopped) })
+		}
 		return nil
 	}
 	s.state = stateClosed
@@ -214,7 +295,7 @@ func (s *Subscriber) Close(ctx context.Context) error {
 	var closeErr error
 	select {
 	case <-finished:
-		if s.cfg.QoS > 0 {
+		if s.anyQoS() {
 			// Acknowledgements leave on paho's flush tick; let the last go out.
 			t := time.NewTimer(3 * s.cfg.AckFlushInterval)
 			select {
@@ -230,7 +311,30 @@ func (s *Subscriber) Close(ctx context.Context) error {
 	return closeErr
 }
 
-// teardown abandons in-flight work and disconnects.
+// stop records err as the reason the Subscriber stops, unless it is already
+// closing or stopped, and tears it down.
+func (s *Subscriber) stop(err error) {
+	s.mu.Lock()
+	if s.state == stateClosed {
+		s.mu.Unlock()
+		return
+	}
+	s.failure = err
+	s.state = stateClosed
+	s.mu.Unlock()
+	s.log.Error("subscriber stopped", "error", err)
+	s.teardown()
+}
+
+// watch stops the Subscriber if its connection manager ends while the
+// Subscriber runs (the application called Disconnect on it).
+func (s *Subscriber) watch(cm *autopaho.ConnectionManager) {
+	<-cm.Done()
+	s.stop(errors.New("subscriber: the autopaho connection manager was stopped (Disconnect) while the Subscriber ran"))
+}
+
+// teardown abandons in-flight work and disconnects. It may run more than
+// once, concurrently.
 func (s *Subscriber) teardown() {
 	s.pinger.closing.Store(true)
 	s.abandon()
@@ -265,6 +369,29 @@ drain:
 		}
 		cancel()
 	}
+	s.stopOnce.Do(func() { close(s.stopped) })
+}
+
+// servers names the broker URLs for error messages.
+func (s *Subscriber) servers() string {
+	if s.cfg.Autopaho != nil {
+		urls := s.cfg.Autopaho.ServerUrls
+		if len(urls) == 0 {
+			urls = s.cfg.Autopaho.BrokerUrls
+		}
+		return fmt.Sprint(urls)
+	}
+	return fmt.Sprint(s.cfg.Brokers)
+}
+
+// anyQoS says whether a group subscribes above QoS 0.
+func (s *Subscriber) anyQoS() bool {
+	for _, g := range s.groups {
+		if g.QoS > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // discard gives up on a received message without processing it: a QoS 1/2
@@ -278,7 +405,7 @@ func (s *Subscriber) discard(d *delivery) {
 
 // Stats returns a snapshot of the Subscriber's counters.
 func (s *Subscriber) Stats() Stats {
-	mean, inFlight := s.load.meanProcessingTime()
+	mean, inFlight := s.reporter.load.meanProcessingTime()
 	return Stats{
 		Pending:            len(s.queue),
 		InFlight:           inFlight,
@@ -291,93 +418,125 @@ func (s *Subscriber) Stats() Stats {
 		MeanProcessingTime: mean,
 		ReportsSent:        s.pinger.reportsSent.Load(),
 		ReportVia:          s.pinger.via(),
-		ReportInterval:     s.reportInterval(),
+		ReportInterval:     s.reporter.ReportInterval(),
 	}
 }
 
-// reportInterval returns the report interval in force: the configured one,
-// else the broker's, else DefaultReportInterval.
-func (s *Subscriber) reportInterval() time.Duration {
-	if s.cfg.ReportInterval > 0 {
-		return s.cfg.ReportInterval
-	}
-	if d := time.Duration(s.announcedInterval.Load()); d > 0 {
-		return d
-	}
-	return DefaultReportInterval
-}
-
+// clientConfig returns the connection's configuration: the application's
+// autopaho.ClientConfig, or one built from ConnectionConfig, with the
+// Subscriber's pinger, handlers and callbacks added.
 func (s *Subscriber) clientConfig() autopaho.ClientConfig {
-	receiveMax := uint16(s.cfg.QueueCapacity)
-	return autopaho.ClientConfig{
-		ServerUrls:                    s.urls,
-		TlsCfg:                        s.cfg.TLS,
-		KeepAlive:                     s.cfg.keepAliveSeconds(),
-		CleanStartOnInitialConnection: true,
-		SessionExpiryInterval:         s.cfg.sessionExpirySeconds(),
-		ReconnectBackoff:              reconnectBackoff(s.cfg.MaxReconnectWait),
-		ConnectTimeout:                s.cfg.ConnectTimeout,
-		ConnectUsername:               s.cfg.Username,
-		ConnectPassword:               []byte(s.cfg.Password),
-		OnConnectionUp:                s.onConnectionUp,
-		OnConnectionDown: func() bool {
-			s.log.Info("connection to broker lost; reconnecting")
-			return true
-		},
-		OnConnectError: func(err error) {
-			s.log.Warn("connection attempt failed", "error", err)
-		},
-		ConnectPacketBuilder: connectPacketBuilder(&receiveMax),
-		ClientConfig: paho.ClientConfig{
-			ClientID:                   s.cfg.ClientID,
-			PingHandler:                s.pinger,
-			OnPublishReceived:          []func(paho.PublishReceived) (bool, error){s.onPublish},
-			EnableManualAcknowledgment: s.cfg.QoS > 0,
-			SendAcksInterval:           s.cfg.AckFlushInterval,
-			OnClientError: func(err error) {
-				s.log.Debug("connection error", "error", err)
-			},
-			OnServerDisconnect: func(d *paho.Disconnect) {
-				reason := ""
-				if d.Properties != nil {
-					reason = d.Properties.ReasonString
-				}
-				s.log.Info("broker disconnected the client", "reason_code", d.ReasonCode, "reason", reason)
-			},
-		},
+	var cc autopaho.ClientConfig
+	if s.cfg.Autopaho != nil {
+		cc = *s.cfg.Autopaho
+		cc.OnPublishReceived = slices.Clone(cc.OnPublishReceived)
+	} else {
+		cc = autopaho.ClientConfig{
+			ServerUrls:                    s.urls,
+			TlsCfg:                        s.cfg.TLS,
+			KeepAlive:                     s.cfg.keepAliveSeconds(),
+			CleanStartOnInitialConnection: true,
+			SessionExpiryInterval:         s.cfg.sessionExpirySeconds(),
+			ReconnectBackoff:              reconnectBackoff(s.cfg.MaxReconnectWait),
+			ConnectTimeout:                s.cfg.ConnectTimeout,
+			ConnectUsername:               s.cfg.Username,
+			ConnectPassword:               []byte(s.cfg.Password),
+		}
 	}
+	cc.ClientID = s.cfg.ClientID
+	receiveMax := uint16(s.cfg.QueueCapacity)
+	cc.ConnectPacketBuilder = chainConnectPacketBuilders(cc.ConnectPacketBuilder, connectPacketBuilder(&receiveMax))
+	cc.PingHandler = s.pinger
+
+	appUp, appDown, appConnectError := cc.OnConnectionUp, cc.OnConnectionDown, cc.OnConnectError
+	cc.OnConnectionUp = func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
+		s.onConnectionUp(cm, ca)
+		if appUp != nil {
+			appUp(cm, ca)
+		}
+	}
+	cc.OnConnectionDown = func() bool {
+		if appDown != nil && !appDown() {
+			s.log.Warn("connection to broker lost; OnConnectionDown declined to reconnect")
+			// autopaho stops connecting but keeps running until
+			// Disconnect, which must not be called from here.
+			go s.stop(errors.New("subscriber: connection lost and OnConnectionDown declined to reconnect"))
+			return false
+		}
+		s.log.Info("connection to broker lost; reconnecting")
+		return true
+	}
+	cc.OnConnectError = func(err error) {
+		s.log.Warn("connection attempt failed", "error", err)
+		if appConnectError != nil {
+			appConnectError(err)
+		}
+	}
+
+	appAcks := cc.EnableManualAcknowledgment
+	cc.EnableManualAcknowledgment = appAcks || s.anyQoS()
+	cc.SendAcksInterval = s.cfg.AckFlushInterval
+	handlers := append([]func(paho.PublishReceived) (bool, error){s.onPublish}, cc.OnPublishReceived...)
+	if cc.EnableManualAcknowledgment && !appAcks {
+		handlers = append(handlers, s.ackOthers)
+	}
+	cc.OnPublishReceived = handlers
+
+	appClientError, appServerDisconnect := cc.OnClientError, cc.OnServerDisconnect
+	cc.OnClientError = func(err error) {
+		s.log.Debug("connection error", "error", err)
+		if appClientError != nil {
+			appClientError(err)
+		}
+	}
+	cc.OnServerDisconnect = func(d *paho.Disconnect) {
+		reason := ""
+		if d.Properties != nil {
+			reason = d.Properties.ReasonString
+		}
+		s.log.Info("broker disconnected the client", "reason_code", d.ReasonCode, "reason", reason)
+		if appServerDisconnect != nil {
+			appServerDisconnect(d)
+		}
+	}
+	return cc
 }
 
 // onConnectionUp follows the broker's report interval and subscribes. It
 // must not block.
 func (s *Subscriber) onConnectionUp(cm *autopaho.ConnectionManager, ca *paho.Connack) {
-	var announced time.Duration
-	if ca.Properties != nil {
-		if v := ca.Properties.User.Get(report.ReportIntervalProperty); v != "" {
-			d, err := parseMillis(v)
-			if err != nil {
-				s.log.Warn("ignoring the broker's report interval", "property", report.ReportIntervalProperty, "value", v, "error", err)
-			} else {
-				announced = d
-			}
-		}
-	}
-	s.announcedInterval.Store(int64(announced))
-	s.pinger.signal()
-	s.log.Info("connected to broker", "report_interval", s.reportInterval(), "report_via", s.pinger.via())
+	s.reporter.ConnectionUp(ca)
+	s.log.Info("connected to broker", "report_interval", s.reporter.ReportInterval(), "report_via", s.pinger.via())
 	if s.pinger.closing.Load() {
 		return
 	}
-	go s.subscribe(cm)
+	subscriptionIDs := ca.Properties == nil || ca.Properties.SubIDAvailable
+	go s.subscribe(cm, subscriptionIDs)
 }
 
-// subscribe subscribes on the current connection. A refusal is final and
-// fails Start; other failures are retried while the connection is up (a new
+// subscribe subscribes every group on the current connection, each in its
+// own SUBSCRIBE with the group's Subscription Identifier when the broker
+// supports them. A refusal stops the Subscriber (Start fails if it is still
+// waiting); other failures are retried while the connection is up (a new
 // connection subscribes again anyway).
-func (s *Subscriber) subscribe(cm *autopaho.ConnectionManager) {
+func (s *Subscriber) subscribe(cm *autopaho.ConnectionManager, subscriptionIDs bool) {
+	for _, g := range s.groups {
+		if !s.subscribeGroup(cm, g, subscriptionIDs) {
+			return
+		}
+	}
+	s.subOnce.Do(func() { close(s.subscribed) })
+}
+
+// subscribeGroup subscribes one group and says whether it succeeded.
+func (s *Subscriber) subscribeGroup(cm *autopaho.ConnectionManager, g *subscriberGroup, subscriptionIDs bool) bool {
 	sub := &paho.Subscribe{}
-	for _, t := range s.topics {
-		sub.Subscriptions = append(sub.Subscriptions, paho.SubscribeOptions{Topic: t, QoS: s.cfg.QoS})
+	if subscriptionIDs {
+		id := g.subscriptionID
+		sub.Properties = &paho.SubscribeProperties{SubscriptionIdentifier: &id}
+	}
+	for _, t := range g.topics {
+		sub.Subscriptions = append(sub.Subscriptions, paho.SubscribeOptions{Topic: t, QoS: g.QoS})
 	}
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(s.runCtx, s.cfg.ConnectTimeout)
@@ -385,42 +544,62 @@ func (s *Subscriber) subscribe(cm *autopaho.ConnectionManager) {
 		cancel()
 		if suback != nil {
 			for i, code := range suback.Reasons {
-				if code >= 0x80 && i < len(s.topics) {
-					err := fmt.Errorf("subscriber: broker refused subscription %q: reason code 0x%02x", s.topics[i], code)
-					s.log.Error("subscription refused", "error", err)
-					select {
-					case s.subErr <- err:
-					default:
-					}
-					return
+				if code >= 0x80 && i < len(g.topics) {
+					s.stop(fmt.Errorf("subscriber: broker refused subscription %q: reason code 0x%02x", g.topics[i], code))
+					return false
 				}
 			}
 		}
 		if err == nil {
-			s.subOnce.Do(func() { close(s.subscribed) })
-			s.log.Debug("subscribed", "topics", s.topics, "qos", s.cfg.QoS)
-			return
+			s.log.Debug("subscribed", "topics", g.topics, "qos", g.QoS)
+			return true
 		}
 		if errors.Is(err, autopaho.ConnectionDownError) || s.runCtx.Err() != nil {
-			return
+			return false
 		}
-		s.log.Warn("subscription not confirmed; retrying", "topics", s.topics, "attempt", attempt, "error", err)
+		s.log.Warn("subscription not confirmed; retrying", "topics", g.topics, "attempt", attempt, "error", err)
 		t := time.NewTimer(retryDelay(100*time.Millisecond, s.cfg.MaxReconnectWait, attempt))
 		select {
 		case <-t.C:
 		case <-s.runCtx.Done():
 			t.Stop()
-			return
+			return false
 		}
 	}
 }
 
-// onPublish puts a received message in the pending queue. When the queue is
+// groupOf returns the group a received message belongs to, or nil if it
+// belongs to none (an application's own subscription). A message carrying
+// Subscription Identifiers belongs to the group whose identifier it
+// carries; without, to the first group with a matching filter.
+func (s *Subscriber) groupOf(p *paho.Publish) *subscriberGroup {
+	if p.Properties != nil && p.Properties.SubscriptionIdentifier != nil {
+		i := maxSubscriptionID - *p.Properties.SubscriptionIdentifier
+		if i >= 0 && i < len(s.groups) {
+			return s.groups[i]
+		}
+		return nil
+	}
+	for _, g := range s.groups {
+		if g.matches(p.Topic) {
+			return g
+		}
+	}
+	return nil
+}
+
+// onPublish puts a received message of a group in the pending queue and
+// leaves other messages to the application's handlers. When the queue is
 // full it blocks, which stops paho reading the connection: back-pressure.
 func (s *Subscriber) onPublish(pr paho.PublishReceived) (bool, error) {
-	d := &delivery{msg: messageFromPublish(pr.Packet, time.Now()), pub: pr.Packet, client: pr.Client}
+	g := s.groupOf(pr.Packet)
+	if g == nil {
+		return false, nil
+	}
+	d := &delivery{msg: messageFromPublish(pr.Packet, time.Now()), group: g, pub: pr.Packet, client: pr.Client}
+	d.msg.Group = g.Group
 	s.received.Add(1)
-	s.receivedOnConn.Add(1)
+	s.reporter.noteReceivedOnConnection()
 	select {
 	case <-s.intake:
 		s.discard(d)
@@ -443,6 +622,19 @@ func (s *Subscriber) onPublish(pr paho.PublishReceived) (bool, error) {
 	}
 	s.pinger.notePending(len(s.queue))
 	return true, nil
+}
+
+// ackOthers acknowledges, after the application's handlers, a QoS 1/2
+// message of no group when the Subscriber turned manual acknowledgement on
+// and the application did not ask for it.
+func (s *Subscriber) ackOthers(pr paho.PublishReceived) (bool, error) {
+	if pr.Packet.QoS == 0 || s.groupOf(pr.Packet) != nil {
+		return false, nil
+	}
+	if err := pr.Client.Ack(pr.Packet); err != nil {
+		s.log.Debug("acknowledgement of a message of no group not sent", "topic", pr.Packet.Topic, "error", err)
+	}
+	return false, nil
 }
 
 func messageFromPublish(p *paho.Publish, now time.Time) *Message {
@@ -472,18 +664,18 @@ func messageFromPublish(p *paho.Publish, now time.Time) *Message {
 
 // work is one worker: it takes messages from the pending queue until Close
 // drains it or abandons work.
-func (s *Subscriber) work(slot int) {
+func (s *Subscriber) work() {
 	defer s.workers.Done()
 	for {
 		select {
 		case d := <-s.queue:
 			s.pinger.notePending(len(s.queue))
-			s.process(slot, d)
+			s.process(d)
 		case <-s.drain:
 			for s.runCtx.Err() == nil {
 				select {
 				case d := <-s.queue:
-					s.process(slot, d)
+					s.process(d)
 				default:
 					return
 				}
@@ -497,7 +689,7 @@ func (s *Subscriber) work(slot int) {
 
 // process runs the handler on one message with retries, then acknowledges
 // it or dead-letters it.
-func (s *Subscriber) process(slot int, d *delivery) {
+func (s *Subscriber) process(d *delivery) {
 	var (
 		firstFailure time.Time
 		lastErr      error
@@ -510,14 +702,10 @@ func (s *Subscriber) process(slot int, d *delivery) {
 		}
 		attempts++
 		d.msg.Attempt = attempts
-		s.load.begin(slot, time.Now())
-		err := s.callHandler(d.msg)
+		start := s.reporter.begin()
+		err := s.callHandler(d.group.Handler, d.msg)
 		end := time.Now()
-		if n := s.load.end(slot, end); n&(n-1) == 0 && n <= warmupLimit {
-			// Perhaps a first measurement, or enough new ones for a
-			// warm-up report: let the schedule decide.
-			s.pinger.signal()
-		}
+		s.reporter.finish(start, end)
 		if err == nil {
 			s.processed.Add(1)
 			s.ack(d)
@@ -548,13 +736,13 @@ func (s *Subscriber) process(slot int, d *delivery) {
 	}
 }
 
-func (s *Subscriber) callHandler(m *Message) (err error) {
+func (s *Subscriber) callHandler(h Handler, m *Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler panicked: %v", r)
 		}
 	}()
-	return s.cfg.Handler(s.runCtx, m)
+	return h(s.runCtx, m)
 }
 
 // ack acknowledges a QoS 1/2 message on the connection it came from. If that
@@ -578,7 +766,7 @@ func (s *Subscriber) ack(d *delivery) {
 // whether it was accepted.
 func (s *Subscriber) deadLetter(d *delivery, attempts int, lastErr error, firstFailure time.Time) bool {
 	pub := &paho.Publish{
-		Topic:   s.cfg.DeadLetterTopic,
+		Topic:   d.group.DeadLetterTopic,
 		QoS:     1,
 		Payload: d.msg.Payload,
 		Properties: &paho.PublishProperties{
@@ -600,7 +788,7 @@ func (s *Subscriber) deadLetter(d *delivery, attempts int, lastErr error, firstF
 		}
 		if _, err = cm.Publish(ctx, pub); err == nil {
 			s.deadLettered.Add(1)
-			s.log.Warn("message dead-lettered", "topic", d.msg.Topic, "dead_letter_topic", s.cfg.DeadLetterTopic, "attempts", attempts)
+			s.log.Warn("message dead-lettered", "topic", d.msg.Topic, "dead_letter_topic", d.group.DeadLetterTopic, "attempts", attempts)
 			return true
 		}
 		if !errors.Is(err, autopaho.ConnectionDownError) {
@@ -608,36 +796,8 @@ func (s *Subscriber) deadLetter(d *delivery, attempts int, lastErr error, firstF
 		}
 	}
 	s.log.Error("dead-lettering failed; message left unacknowledged", "topic", d.msg.Topic,
-		"dead_letter_topic", s.cfg.DeadLetterTopic, "error", err)
+		"dead_letter_topic", d.group.DeadLetterTopic, "error", err)
 	return false
-}
-
-// loadSignal implements reportSource.
-func (s *Subscriber) loadSignal() loadSignal {
-	finished, known := s.load.signal()
-	return loadSignal{pending: len(s.queue), finishedSinceReport: finished, meanKnown: known}
-}
-
-// takeReport implements reportSource.
-func (s *Subscriber) takeReport(now time.Time) report.Report {
-	pending := len(s.queue)
-	snap := s.load.take(now, pending)
-	return report.Report{
-		Pending:        pending,
-		ProcessingTime: snap.processingTime,
-		Processed:      snap.processed,
-		Workers:        s.cfg.Workers,
-		InProgress:     snap.inFlight,
-		Backlog:        snap.backlog,
-		HasBacklog:     snap.backlogKnown,
-		Received:       s.receivedOnConn.Load(),
-		HasReceived:    true,
-	}
-}
-
-// connectionStarted implements reportSource.
-func (s *Subscriber) connectionStarted() {
-	s.receivedOnConn.Store(0)
 }
 
 // parseMillis parses a positive number of milliseconds.
