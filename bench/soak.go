@@ -205,8 +205,14 @@ func soakGroupName(g int) string   { return fmt.Sprintf("g%02d", g) }
 func soakTopic(g int) string       { return "soak/" + soakGroupName(g) }
 func soakShareFilter(g int) string { return "$share/" + soakGroupName(g) + "/" + soakTopic(g) }
 
+// soakReceiveMaximum is the Receive Maximum every soak client announces.
+// paho sizes a buffered channel of each client by it: at MQTT's default
+// (65 535) that is 512 KiB per connection, 1 GiB for 2 000 connections.
+const soakReceiveMaximum uint16 = 64
+
 // soakDial opens an MQTT v5 connection (clean start, session expiry 0,
-// keep-alive 60 s) and returns the client and its TCP connection.
+// keep-alive 60 s, Receive Maximum soakReceiveMaximum) and returns the
+// client and its TCP connection.
 func soakDial(ctx context.Context, addr, id string, cc paho.ClientConfig) (*paho.Client, net.Conn, error) {
 	d := net.Dialer{Timeout: 5 * time.Second}
 	conn, err := d.DialContext(ctx, "tcp", addr)
@@ -217,7 +223,9 @@ func soakDial(ctx context.Context, addr, id string, cc paho.ClientConfig) (*paho
 	c := paho.NewClient(cc)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ca, err := c.Connect(cctx, &paho.Connect{ClientID: id, KeepAlive: 60, CleanStart: true})
+	rm := soakReceiveMaximum
+	ca, err := c.Connect(cctx, &paho.Connect{ClientID: id, KeepAlive: 60, CleanStart: true,
+		Properties: &paho.ConnectProperties{ReceiveMaximum: &rm}})
 	if err != nil {
 		_ = conn.Close()
 		return nil, nil, fmt.Errorf("connect %s: %w", id, err)

@@ -26,17 +26,17 @@ var soakPlots = []plotRef{
 	{"soak-msgs-per-sec.png", "messages published and received per second"},
 	{"soak-p99.png", "p99 latency per sample window"},
 	{"soak-loss.png", "QoS 1 lost so far and duplicated, QoS 0 missing"},
-	{"soak-rss.png", "broker resident memory"},
+	{"soak-rss.png", "broker resident memory and Go heap"},
 	{"soak-goroutines.png", "broker goroutines and threads"},
 }
 
 func soakNotes(cfg SoakConfig, res *SoakResults) []string {
 	notes := []string{
-		"The broker is the real luffymq binary, started as a process of its own on a free loopback port with --log-level warn" + argsNote(cfg.BrokerArgs) + "; the load generator (publishers and members, paho.golang MQTT v5 clients, clean start, session expiry 0, keep-alive 60 s) is one other process.",
+		"The broker is the real luffymq binary, started as a process of its own on a free loopback port with --log-level warn" + argsNote(cfg.BrokerArgs) + "; the load generator (publishers and members, paho.golang MQTT v5 clients, clean start, session expiry 0, keep-alive 60 s, Receive Maximum " + fmt.Sprint(soakReceiveMaximum) + ") is one other process.",
 		fmt.Sprintf("Publisher i publishes to soak/gNN of group i mod %d on a fixed drift-free schedule; message k is QoS 1 for %d %% of the IDs (evenly spread), QoS 0 otherwise. Members subscribe to $share/gNN/soak/gNN at QoS 1; each holds a QoS 1 message for %s before paho acknowledges it (one at a time per member), QoS 0 messages not at all.", cfg.Groups, cfg.QoS1Percent, cfg.ProcessTime),
 		"Every message carries a sequence ID and its send time; the load generator counts receipts per ID. Lost (QoS 1) = acknowledged by the broker (PUBACK) and received by no member by the end of the grace period; duplicated = receipts beyond the first. Lost so far (time series) = acknowledged at least --overdue-after ago and not yet received. A member that crashes or leaves with unacknowledged messages causes duplicates when the broker re-dispatches them: that is at-least-once, not loss.",
 		"Latency = receipt time − send time of the first receipt of each message (both clocks are this machine's).",
-		"Broker RSS is VmRSS of /proc/<pid>/status; goroutines: " + res.GoroutineSource + "; threads: Threads of /proc/<pid>/status; CPU: utime+stime of /proc/<pid>/stat.",
+		"Broker RSS is VmRSS of /proc/<pid>/status; Go heap: go_memstats_heap_inuse_bytes and go_memstats_heap_objects of /metrics; goroutines: " + res.GoroutineSource + "; threads: Threads of /proc/<pid>/status; CPU: utime+stime of /proc/<pid>/stat.",
 	}
 	if cfg.ChurnEvery > 0 {
 		notes = append(notes, fmt.Sprintf("Churn: every %s one member leaves (MQTT DISCONNECT) or, alternately, crashes (TCP closed without DISCONNECT); each joins again %s later with the same client ID and a clean start. The member is drawn at random, preferring (up to 20 draws) one that holds unacknowledged QoS 1 messages, so churn exercises the broker's re-dispatch. A member whose connection ends otherwise also joins again.", cfg.ChurnEvery, cfg.RejoinAfter))
@@ -128,12 +128,15 @@ func soakMarkdown(res *SoakResults) string {
 	}
 	fmt.Fprintf(&b, "## Resources (broker)\n\n| | first %s (median) | last %s (median) | slope after the first window, per 10 min |\n|---|---|---|---|\n", fmtWindow(st.WindowS), fmtWindow(st.WindowS))
 	fmt.Fprintf(&b, "| RSS (MB) | %s | %s | %s |\n", numOrDash(st.RSSFirstMedianMB), numOrDash(st.RSSLastMedianMB), signedOrDash(st.RSSSlopeMBPer10Min))
+	fmt.Fprintf(&b, "| Go heap in use (MB) | %s | %s | |\n", numOrDash(st.HeapFirstMedianMB), numOrDash(st.HeapLastMedianMB))
+	fmt.Fprintf(&b, "| Go heap objects | %s | %s | |\n", numOrDash(st.HeapObjectsFirst), numOrDash(st.HeapObjectsLast))
 	fmt.Fprintf(&b, "| goroutines | %s | %s | %s |\n", numOrDash(st.GoroutinesFirst), numOrDash(st.GoroutinesLast), signedOrDash(st.GoroutineSlope))
 	fmt.Fprintf(&b, "| threads | %s | %s | |\n\n", numOrDash(st.ThreadsFirst), numOrDash(st.ThreadsLast))
 	cpuB, cpuL, rssL := meanOver(res.Samples, func(s SoakSample) float64 { return s.BrokerCPUPercent }),
 		meanOver(res.Samples, func(s SoakSample) float64 { return s.LoadgenCPUPercent }),
 		maxOver(res.Samples, func(s SoakSample) float64 { return s.LoadgenRSSMB })
-	fmt.Fprintf(&b, "Mean CPU over the publishing phase: broker %.0f %% of a core, load generator %.0f %%; load generator RSS at most %.0f MB.\n\n", cpuB, cpuL, rssL)
+	lgG := maxOver(res.Samples, func(s SoakSample) float64 { return float64(s.LoadgenGoroutines) })
+	fmt.Fprintf(&b, "Mean CPU over the publishing phase: broker %.0f %% of a core, load generator %.0f %%; load generator RSS at most %.0f MB, goroutines at most %.0f.\n\n", cpuB, cpuL, rssL, lgG)
 	b.WriteString("## Time series\n\n")
 	for _, p := range soakPlots {
 		fmt.Fprintf(&b, "![%s](%s)\n\n", p.alt, p.file)
@@ -212,7 +215,7 @@ func soakJSONSafe(res *SoakResults) *SoakResults {
 		*p = finiteOr(*p, -1)
 	}
 	s := &c.Stability
-	for _, p := range []*float64{&s.RSSFirstMedianMB, &s.RSSLastMedianMB, &s.GoroutinesFirst, &s.GoroutinesLast, &s.ThreadsFirst, &s.ThreadsLast, &s.RSSSlopeMBPer10Min, &s.GoroutineSlope} {
+	for _, p := range []*float64{&s.HeapFirstMedianMB, &s.HeapLastMedianMB, &s.HeapObjectsFirst, &s.HeapObjectsLast, &s.RSSFirstMedianMB, &s.RSSLastMedianMB, &s.GoroutinesFirst, &s.GoroutinesLast, &s.ThreadsFirst, &s.ThreadsLast, &s.RSSSlopeMBPer10Min, &s.GoroutineSlope} {
 		*p = finiteOr(*p, -1)
 	}
 	c.Samples = make([]SoakSample, len(res.Samples))
@@ -270,6 +273,7 @@ func plotSoak(dir string, res *SoakResults) error {
 		}, nil},
 		{"soak-rss.png", fmt.Sprintf("Broker RSS (dashed: medians of the first and last %s)", fmtWindow(st.WindowS)), "MB", []soakSeries{
 			{"broker VmRSS", func(s SoakSample) float64 { return s.BrokerRSSMB }, palette[0]},
+			{"broker Go heap in use", func(s SoakSample) float64 { return s.BrokerHeapMB }, palette[2]},
 		}, []float64{st.RSSFirstMedianMB, st.RSSLastMedianMB}},
 		{"soak-goroutines.png", fmt.Sprintf("Broker goroutines and threads (dashed: goroutine medians of the first and last %s)", fmtWindow(st.WindowS)), "count", []soakSeries{
 			{"goroutines", func(s SoakSample) float64 { return s.BrokerGoroutine }, palette[0]},

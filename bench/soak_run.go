@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,19 +36,25 @@ type SoakSample struct {
 	P99Ms float64 `json:"p99_ms"`
 	// LostSoFarQoS1 counts QoS 1 messages acknowledged by the broker at
 	// least OverdueAfter ago and not received by any member of their group.
-	LostSoFarQoS1   int     `json:"lost_so_far_qos1"`
-	AwaitingQoS1    int     `json:"awaiting_qos1"`
-	DuplicatedQoS1  int64   `json:"duplicated_qos1"`
-	DuplicatedQoS0  int64   `json:"duplicated_qos0"`
-	MissingQoS0     int     `json:"missing_qos0"`
-	MembersOnline   int64   `json:"members_online"`
-	BrokerRSSMB     float64 `json:"broker_rss_mb"`
-	BrokerThreads   int     `json:"broker_threads"`
-	BrokerGoroutine float64 `json:"broker_goroutines"`
+	LostSoFarQoS1  int     `json:"lost_so_far_qos1"`
+	AwaitingQoS1   int     `json:"awaiting_qos1"`
+	DuplicatedQoS1 int64   `json:"duplicated_qos1"`
+	DuplicatedQoS0 int64   `json:"duplicated_qos0"`
+	MissingQoS0    int     `json:"missing_qos0"`
+	MembersOnline  int64   `json:"members_online"`
+	BrokerRSSMB    float64 `json:"broker_rss_mb"`
+	// BrokerHeapMB is the broker's go_memstats_heap_inuse_bytes (-1 if
+	// /metrics lacks it); BrokerHeapObjects its go_memstats_heap_objects.
+	BrokerHeapMB      float64 `json:"broker_heap_inuse_mb"`
+	BrokerHeapObjects float64 `json:"broker_heap_objects"`
+	BrokerThreads     int     `json:"broker_threads"`
+	BrokerGoroutine   float64 `json:"broker_goroutines"`
 	// BrokerCPUPercent is the broker's CPU time over the window, in % of
 	// one core.
 	BrokerCPUPercent  float64 `json:"broker_cpu_percent"`
 	LoadgenRSSMB      float64 `json:"loadgen_rss_mb"`
+	LoadgenHeapMB     float64 `json:"loadgen_heap_inuse_mb"`
+	LoadgenGoroutines int     `json:"loadgen_goroutines"`
 	LoadgenCPUPercent float64 `json:"loadgen_cpu_percent"`
 	// BrokerMetrics holds a few of the broker's /metrics series.
 	BrokerMetrics map[string]float64 `json:"broker_metrics,omitempty"`
@@ -59,6 +66,10 @@ type SoakStability struct {
 	WindowS            float64 `json:"window_s"`
 	RSSFirstMedianMB   float64 `json:"rss_first_median_mb"`
 	RSSLastMedianMB    float64 `json:"rss_last_median_mb"`
+	HeapFirstMedianMB  float64 `json:"heap_inuse_first_median_mb"`
+	HeapLastMedianMB   float64 `json:"heap_inuse_last_median_mb"`
+	HeapObjectsFirst   float64 `json:"heap_objects_first_median"`
+	HeapObjectsLast    float64 `json:"heap_objects_last_median"`
 	GoroutinesFirst    float64 `json:"goroutines_first_median"`
 	GoroutinesLast     float64 `json:"goroutines_last_median"`
 	ThreadsFirst       float64 `json:"threads_first_median"`
@@ -369,6 +380,8 @@ func (p *soakProbe) waitMetrics(ctx context.Context) error {
 // soakMetricNames are the /metrics series kept in every sample.
 var soakMetricNames = map[string]bool{
 	"go_goroutines":                                                   true,
+	"go_memstats_heap_inuse_bytes":                                    true,
+	"go_memstats_heap_objects":                                        true,
 	"luffymq_clients_connected":                                       true,
 	"luffymq_inflight_messages":                                       true,
 	"luffymq_messages_dropped_total":                                  true,
@@ -552,11 +565,21 @@ func (s *soakSampler) sample(pid string) SoakSample {
 		sm.LoadgenCPUPercent = 100 * (c - s.lastOwnCPU) / dt
 		s.lastOwnCPU = c
 	}
-	sm.BrokerGoroutine = -1
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	sm.LoadgenHeapMB = float64(ms.HeapInuse) / (1 << 20)
+	sm.LoadgenGoroutines = runtime.NumGoroutine()
+	sm.BrokerGoroutine, sm.BrokerHeapMB, sm.BrokerHeapObjects = -1, -1, -1
 	if m, err := s.probe.metrics(); err == nil {
 		sm.BrokerMetrics = m
 		if v, ok := m["go_goroutines"]; ok {
 			sm.BrokerGoroutine = v
+		}
+		if v, ok := m["go_memstats_heap_inuse_bytes"]; ok {
+			sm.BrokerHeapMB = v / (1 << 20)
+		}
+		if v, ok := m["go_memstats_heap_objects"]; ok {
+			sm.BrokerHeapObjects = v
 		}
 	}
 	return sm
@@ -567,7 +590,7 @@ func (s *soakSampler) sample(pid string) SoakSample {
 func soakStability(samples []SoakSample, window time.Duration, pubS float64) SoakStability {
 	w := window.Seconds()
 	st := SoakStability{WindowS: w}
-	var rssF, rssL, gF, gL, thF, thL []float64
+	var rssF, rssL, gF, gL, thF, thL, hF, hL, oF, oL []float64
 	var tail []SoakSample
 	for _, s := range samples {
 		if s.Phase != "publish" {
@@ -575,12 +598,14 @@ func soakStability(samples []SoakSample, window time.Duration, pubS float64) Soa
 		}
 		if s.T <= w {
 			rssF, thF = append(rssF, s.BrokerRSSMB), append(thF, float64(s.BrokerThreads))
+			hF, oF = appendKnown(hF, s.BrokerHeapMB), appendKnown(oF, s.BrokerHeapObjects)
 			if s.BrokerGoroutine >= 0 {
 				gF = append(gF, s.BrokerGoroutine)
 			}
 		}
 		if s.T > pubS-w {
 			rssL, thL = append(rssL, s.BrokerRSSMB), append(thL, float64(s.BrokerThreads))
+			hL, oL = appendKnown(hL, s.BrokerHeapMB), appendKnown(oL, s.BrokerHeapObjects)
 			if s.BrokerGoroutine >= 0 {
 				gL = append(gL, s.BrokerGoroutine)
 			}
@@ -592,9 +617,19 @@ func soakStability(samples []SoakSample, window time.Duration, pubS float64) Soa
 	st.RSSFirstMedianMB, st.RSSLastMedianMB = Median(rssF), Median(rssL)
 	st.GoroutinesFirst, st.GoroutinesLast = Median(gF), Median(gL)
 	st.ThreadsFirst, st.ThreadsLast = Median(thF), Median(thL)
+	st.HeapFirstMedianMB, st.HeapLastMedianMB = Median(hF), Median(hL)
+	st.HeapObjectsFirst, st.HeapObjectsLast = Median(oF), Median(oL)
 	st.RSSSlopeMBPer10Min = 600 * slope(tail, func(s SoakSample) float64 { return s.BrokerRSSMB })
 	st.GoroutineSlope = 600 * slope(tail, func(s SoakSample) float64 { return s.BrokerGoroutine })
 	return st
+}
+
+// appendKnown appends v unless it is negative (not measured).
+func appendKnown(vs []float64, v float64) []float64 {
+	if v < 0 {
+		return vs
+	}
+	return append(vs, v)
 }
 
 // slope is the least-squares slope of f over the samples' times (per
