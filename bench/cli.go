@@ -197,16 +197,13 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 	}
 	needLuffy := slices.ContainsFunc(cfg.Systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") })
 	bin := cfg.LuffyMQ
-	if needLuffy && bin == "" {
-		tmp, err := os.MkdirTemp("", "luffy-bench-bin-")
-		if err != nil {
+	if needLuffy {
+		var cleanup func()
+		var err error
+		if bin, cleanup, err = luffyMQBinary(ctx, bin, cfg.Progress); err != nil {
 			return err
 		}
-		defer os.RemoveAll(tmp)
-		fmt.Fprintln(cfg.Progress, "building luffymq …")
-		if bin, err = buildLuffyMQ(ctx, tmp); err != nil {
-			return err
-		}
+		defer cleanup()
 	}
 	if needLuffy {
 		if _, err := os.Stat(bin); err != nil {
@@ -442,16 +439,13 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return err
 	}
-	if luffymq == "" && slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") }) {
-		tmp, err := os.MkdirTemp("", "luffy-bench-bin-")
-		if err != nil {
+	if slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") }) {
+		var cleanup func()
+		var err error
+		if luffymq, cleanup, err = luffyMQBinary(ctx, luffymq, progress); err != nil {
 			return err
 		}
-		defer os.RemoveAll(tmp)
-		fmt.Fprintln(progress, "building luffymq …")
-		if luffymq, err = buildLuffyMQ(ctx, tmp); err != nil {
-			return err
-		}
+		defer cleanup()
 	}
 	self, err := os.Executable()
 	if err != nil && slices.Contains(systems, SystemMochi) {

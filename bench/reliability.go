@@ -375,16 +375,13 @@ func RunReliability(ctx context.Context, cfg ReliabilityConfig) error {
 		return fmt.Errorf("output directory: %w", err)
 	}
 	bin := cfg.LuffyMQ
-	if bin == "" && slices.ContainsFunc(cfg.Systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") }) {
-		tmp, err := os.MkdirTemp("", "luffy-bench-bin-")
-		if err != nil {
+	if slices.ContainsFunc(cfg.Systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") }) {
+		var cleanup func()
+		var err error
+		if bin, cleanup, err = luffyMQBinary(ctx, bin, cfg.Progress); err != nil {
 			return err
 		}
-		defer os.RemoveAll(tmp)
-		fmt.Fprintln(cfg.Progress, "building luffymq …")
-		if bin, err = buildLuffyMQ(ctx, tmp); err != nil {
-			return err
-		}
+		defer cleanup()
 	}
 	self, err := os.Executable()
 	if err != nil && slices.Contains(cfg.Systems, SystemMochi) {

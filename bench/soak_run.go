@@ -164,18 +164,11 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakResults, error) {
 	if err != nil {
 		return nil, err
 	}
-	bin := cfg.LuffyMQ
-	if bin == "" {
-		tmp, err := os.MkdirTemp("", "luffy-bench-bin-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(tmp)
-		fmt.Fprintln(cfg.Progress, "building luffymq …")
-		if bin, err = buildLuffyMQ(ctx, tmp); err != nil {
-			return nil, err
-		}
+	bin, cleanup, err := luffyMQBinary(ctx, cfg.LuffyMQ, cfg.Progress)
+	if err != nil {
+		return nil, err
 	}
+	defer cleanup()
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("--luffymq %s: %w", bin, err)
 	}

@@ -222,6 +222,25 @@ func freeAddr() (string, error) {
 
 // buildLuffyMQ builds ./cmd/luffymq of the module containing the working
 // directory into dir and returns the binary's path.
+// luffyMQBinary returns path when it is set; otherwise it builds luffymq
+// into a temporary directory (saying so on progress) and returns the
+// binary and a cleanup that removes the directory.
+func luffyMQBinary(ctx context.Context, path string, progress io.Writer) (bin string, cleanup func(), err error) {
+	if path != "" {
+		return path, func() {}, nil
+	}
+	tmp, err := os.MkdirTemp("", "luffy-bench-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	fmt.Fprintln(progress, "building luffymq …")
+	if bin, err = buildLuffyMQ(ctx, tmp); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", nil, err
+	}
+	return bin, func() { _ = os.RemoveAll(tmp) }, nil
+}
+
 func buildLuffyMQ(ctx context.Context, dir string) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	gomod := strings.TrimSpace(string(out))
