@@ -148,26 +148,12 @@ func (r *reliabilityRunner) runBurst(ctx context.Context, system string, pending
 		wg.Wait()
 		close(pubDone)
 	}()
-	last, lastGrowth := int64(-1), start
-	for verdict := waitMore; verdict == waitMore; {
-		time.Sleep(10 * time.Millisecond)
-		now := time.Now()
-		n := delivered.Load()
-		if n != last {
-			last, lastGrowth = n, now
-		}
-		done := false
-		select {
-		case <-pubDone:
-			done = true
-		default:
-		}
-		// A QoS 0 count that stops short once the publishers are done is
-		// dropping, not a stall: the stall window is the publish timeout.
-		verdict = waitVerdict(n, int64(run.Expected), now.Sub(lastGrowth), done, 0, bc.Timeout, rctx.Err() != nil)
-		if verdict == waitTimedOut || verdict == waitStalled {
-			run.TimedOut = true
-		}
+	// A QoS 0 count that stops short once the publishers are done is
+	// dropping, not a stall: the stall window is the publish timeout.
+	verdict, _ := watchDelivered(&delivered, int64(run.Expected), start, pubDone, 0, bc.Timeout,
+		func(time.Time) bool { return rctx.Err() != nil })
+	if verdict == waitTimedOut || verdict == waitStalled {
+		run.TimedOut = true
 	}
 	cancel()
 	<-pubDone

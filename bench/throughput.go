@@ -266,24 +266,8 @@ func runThroughput(ctx context.Context, t ThroughputTest, system string, repeat 
 	if stallWindow <= 0 {
 		stallWindow = DefaultStallWindow
 	}
-	last := delivered.Load()
-	lastGrowth := start
-	verdict := waitMore
-	for verdict == waitMore {
-		time.Sleep(10 * time.Millisecond)
-		now := time.Now()
-		n := delivered.Load()
-		if n != last {
-			last, lastGrowth = n, now
-		}
-		done := false
-		select {
-		case <-pubDone:
-			done = true
-		default:
-		}
-		verdict = waitVerdict(n, int64(run.Expected), now.Sub(lastGrowth), done, t.QoS, stallWindow, !now.Before(deadline))
-	}
+	verdict, lastGrowth := watchDelivered(&delivered, int64(run.Expected), start, pubDone, t.QoS, stallWindow,
+		func(now time.Time) bool { return !now.Before(deadline) })
 	switch verdict {
 	case waitStalled:
 		run.Stalled = true
@@ -350,6 +334,32 @@ const (
 // growth (or stallWindow if shorter) the wait ends with the drops counted.
 // Stalls are checked before the deadline, so a count flat since before the
 // deadline is a stall, not a timeout.
+// watchDelivered polls delivered every 10 ms until waitVerdict ends the
+// wait, and returns the verdict and when the count last grew. finished
+// reports whether the publishers are done; stop whether the wait's own
+// deadline (or cancellation) has come.
+func watchDelivered(delivered *atomic.Int64, expected int64, start time.Time, finished <-chan struct{},
+	qos byte, stallWindow time.Duration, stop func(now time.Time) bool) (waitState, time.Time) {
+	last, lastGrowth := int64(-1), start
+	for {
+		time.Sleep(10 * time.Millisecond)
+		now := time.Now()
+		n := delivered.Load()
+		if n != last {
+			last, lastGrowth = n, now
+		}
+		done := false
+		select {
+		case <-finished:
+			done = true
+		default:
+		}
+		if verdict := waitVerdict(n, expected, now.Sub(lastGrowth), done, qos, stallWindow, stop(now)); verdict != waitMore {
+			return verdict, lastGrowth
+		}
+	}
+}
+
 func waitVerdict(delivered, expected int64, idle time.Duration, publishersDone bool, qos byte, stallWindow time.Duration, pastDeadline bool) waitState {
 	if delivered >= expected {
 		return waitComplete
