@@ -102,6 +102,10 @@ type Config struct {
 	// client pairs) given Prometheus series of their own (1000); the others
 	// are summed per group under client_id="_other".
 	MetricsMaxMembers int
+	// Pprof serves Go's runtime profiles under /debug/pprof/ on the HTTP
+	// listener, behind the same access rule as the API (HTTPToken beyond
+	// loopback). Off by default.
+	Pprof bool
 	// Logger receives the broker's logs (slog.Default()).
 	Logger *slog.Logger
 	// Clock drives the selection engine (the system clock).

@@ -3,6 +3,7 @@ package broker
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"sync/atomic"
 	"time"
 
@@ -182,6 +183,13 @@ func (b *Broker) httpHandler() http.Handler {
 	mux.HandleFunc("GET /api/v1/bridge", func(w http.ResponseWriter, _ *http.Request) {
 		writeStatusJSON(w, BridgeResponse{Bridge: b.BridgeStatus()})
 	})
+	if b.cfg.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	page := dashboard.Handler()
 	mux.Handle("GET /{$}", page)
 	mux.Handle("GET /dashboard", page)
