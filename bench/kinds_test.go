@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/luffymq/luffymq/broker"
 	"github.com/stretchr/testify/require"
 )
 
@@ -218,5 +219,24 @@ func TestAggregateRecoveryMedianCountsNeverAsWorst(t *testing.T) {
 		require.Equal(t, tt.want, a.Recovery, "%v", tt.recoveries)
 		require.True(t, math.IsNaN(a.NewMaxMs), "-1 (no data) is not a latency")
 		require.Equal(t, 2.0, a.GoalS)
+	}
+}
+
+// TestLuffymqSelectionArgs: every luffymq system maps to flags the broker
+// accepts; adaptive-hold is adaptive with late binding.
+func TestLuffymqSelectionArgs(t *testing.T) {
+	require.Equal(t, []string{"--strategy", "thesis"}, luffymqSelectionArgs("luffymq-thesis"))
+	require.Equal(t, []string{"--strategy", "adaptive", "--hold-lead", "5ms"}, luffymqSelectionArgs("luffymq-adaptive-hold"))
+	all, err := ParseSystems("adaptive-hold,mosquitto")
+	require.NoError(t, err)
+	require.Equal(t, []string{"luffymq-adaptive-hold", SystemMosquitto}, all)
+	for _, system := range AllSystems() {
+		if !strings.HasPrefix(system, "luffymq-") {
+			continue
+		}
+		args := luffymqSelectionArgs(system)
+		cfg, err := broker.LoadConfig(args, nil, nil, nil)
+		require.NoError(t, err, system)
+		require.NotEmpty(t, cfg.Strategy, system)
 	}
 }

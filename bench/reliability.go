@@ -326,7 +326,7 @@ func (r *reliabilityRunner) startBroker(ctx context.Context, system string, pend
 			return nil, err
 		}
 		httpAddr = h
-		args := []string{"--listen", addr, "--http", h, "--strategy", strings.TrimPrefix(system, "luffymq-"), "--log-level", "warn"}
+		args := append([]string{"--listen", addr, "--http", h, "--log-level", "warn"}, luffymqSelectionArgs(system)...)
 		if pendingWrites > 0 {
 			args = append(args, "--max-pending-writes", strconv.Itoa(pendingWrites))
 		}

@@ -129,7 +129,22 @@ const (
 )
 
 // LuffyStrategies are the luffymq strategies benchmarked, in report order.
-var LuffyStrategies = []string{"adaptive", "thesis", "round-robin", "random", "sticky", "hash-clientid", "hash-topic"}
+var LuffyStrategies = []string{"adaptive", "adaptive-hold", "thesis", "round-robin", "random", "sticky", "hash-clientid", "hash-topic"}
+
+// BenchHoldLead is the --hold-lead of the luffymq-adaptive-hold system:
+// adaptive with late binding, the lead suited to loopback members.
+const BenchHoldLead = 5 * time.Millisecond
+
+// luffymqSelectionArgs returns the luffymq flags that select system's
+// strategy: "luffymq-<strategy>", or luffymq-adaptive-hold (adaptive with
+// --hold-lead BenchHoldLead).
+func luffymqSelectionArgs(system string) []string {
+	strategy := strings.TrimPrefix(system, "luffymq-")
+	if strategy == "adaptive-hold" {
+		return []string{"--strategy", "adaptive", "--hold-lead", BenchHoldLead.String()}
+	}
+	return []string{"--strategy", strategy}
+}
 
 // AllSystems returns every system name in report order.
 func AllSystems() []string {

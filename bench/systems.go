@@ -43,10 +43,9 @@ type brokerStarter struct {
 func (b brokerStarter) start(ctx context.Context, system string, reportInterval time.Duration, logName string) (runningBroker, error) {
 	switch {
 	case strings.HasPrefix(system, "luffymq-"):
-		strategy := strings.TrimPrefix(system, "luffymq-")
 		return startProcess(ctx, b.LuffyMQ, filepath.Join(b.LogDir, logName+".broker.log"), func(addr string) ([]string, error) {
-			return []string{"--listen", addr, "--http", "", "--strategy", strategy,
-				"--report-interval", reportInterval.String(), "--log-level", "warn"}, nil
+			return append([]string{"--listen", addr, "--http", "",
+				"--report-interval", reportInterval.String(), "--log-level", "warn"}, luffymqSelectionArgs(system)...), nil
 		})
 	case system == SystemMosquitto:
 		if b.Mosquitto == "" {
