@@ -48,6 +48,10 @@ type ClientStatus struct {
 	// QoS0Dropped counts QoS 0 publishes dropped because the client did
 	// not read fast enough; null when its connection does not count them.
 	QoS0Dropped *uint64 `json:"qos0_dropped"`
+	// WriteQueueDropped counts publishes (any QoS) dropped because the
+	// client's write queue was full (--max-pending-writes); null when its
+	// connection does not count them.
+	WriteQueueDropped *uint64 `json:"write_queue_dropped"`
 	// ConnectedSince is when its current connection established its
 	// session (RFC 3339); null while disconnected.
 	ConnectedSince *string `json:"connected_since"`
@@ -99,8 +103,8 @@ func (b *Broker) clientStatus(cl *mqtt.Client) ClientStatus {
 	}
 	sort.Strings(s.Groups)
 	if ws, ok := cl.Net.Conn.(writeStatsSource); ok {
-		n := ws.WriteStats().DroppedQoS0
-		s.QoS0Dropped = &n
+		st := ws.WriteStats()
+		s.QoS0Dropped, s.WriteQueueDropped = &st.DroppedQoS0, &st.DroppedWriteQueue
 	}
 	if since, ok := b.live.sessions.connectedSince(cl); ok && s.Connected {
 		t := since.UTC().Format(time.RFC3339)

@@ -80,6 +80,10 @@ type SnapshotEvent struct {
 	Rates *HistoryPoint `json:"rates"`
 	// RejectedReports are the most recent refused load reports.
 	RejectedReports []RejectedReportStatus `json:"rejected_reports"`
+	// DroppingClients lists, as of the last sample, up to
+	// MaxDroppingClients connected clients that lost messages since they
+	// connected, by reason, those that lost the most first.
+	DroppingClients []ClientDrops `json:"dropping_clients"`
 	// Bridge is null when the site bridge is off.
 	Bridge *BridgeStatus `json:"bridge"`
 }
@@ -227,6 +231,7 @@ type liveState struct {
 	sessions *sessionTimes
 
 	rankScratch []MemberPoint // every member's point, reused by each sample
+	dropping    []ClientDrops // clients that lost the most, as of the last sample
 }
 
 // federationState is the last read of the federation links.
@@ -245,6 +250,9 @@ func newLiveState(b *Broker) (*liveState, error) {
 		sessions: new(sessionTimes),
 	}
 	if err := b.server.AddHook(l.sessions, nil); err != nil {
+		return nil, err
+	}
+	if err := b.server.AddHook(new(writeQueueDrops), nil); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -317,6 +325,7 @@ func (l *liveState) readCounters(now time.Time, groups []scoring.GroupSnapshot) 
 func (l *liveState) sample(now time.Time) {
 	groups := l.b.engine.Snapshot()
 	cur := l.readCounters(now, groups)
+	dropping := l.b.droppingClients(MaxDroppingClients)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -364,6 +373,7 @@ func (l *liveState) sample(now time.Time) {
 	}
 	l.rankScratch = ranked[:0]
 	l.history.add(p)
+	l.dropping = dropping
 	if l.b.bridge != nil {
 		l.bridge = l.bridgeStatus(cur, rate)
 	}
@@ -461,7 +471,11 @@ func (b *Broker) Snapshot() SnapshotEvent {
 	b.live.mu.Lock()
 	s.Rates = b.live.history.latest()
 	s.Bridge = b.live.bridge
+	s.DroppingClients = b.live.dropping
 	b.live.mu.Unlock()
+	if s.DroppingClients == nil {
+		s.DroppingClients = []ClientDrops{}
+	}
 	return s
 }
 

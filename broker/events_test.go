@@ -362,7 +362,7 @@ func TestClientsPaged(t *testing.T) {
 		Clients []map[string]json.RawMessage `json:"clients"`
 	}
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&raw))
-	for _, k := range []string{"client_id", "connected", "remote_addr", "listener", "protocol_version", "subscriptions", "inflight", "groups", "qos0_dropped", "connected_since"} {
+	for _, k := range []string{"client_id", "connected", "remote_addr", "listener", "protocol_version", "subscriptions", "inflight", "groups", "qos0_dropped", "write_queue_dropped", "connected_since"} {
 		require.Contains(t, raw.Clients[0], k)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -345,7 +346,9 @@ func startWorkload(t *testing.T, b *broker.Broker) *workload {
 // broker is gone; no console errors on the way.
 func TestDashboardInBrowser(t *testing.T) {
 	requireChromium(t)
-	b := startBroker(t)
+	// A small outbox, so that a client that never reads loses messages
+	// after a few hundred KiB (the workers' messages are small).
+	b := startBrokerWith(t, func(c *broker.Config) { c.MaxQueuedBytes = 64 << 10 })
 	pageURL := "http://" + b.HTTPAddr() + "/dashboard"
 	browser := startChromium(t)
 
@@ -405,6 +408,15 @@ func TestDashboardInBrowser(t *testing.T) {
 	require.Contains(t, rejected, "bad-reporter")
 	require.Contains(t, rejected, "publish")
 	require.Contains(t, rejected, "msgsInQueue")
+
+	// A subscriber that never reads its socket loses QoS 0 messages; the
+	// page names it, with the count and the reason.
+	require.Equal(t, "None: no connected client has lost a message.", live.text("#drops-none"))
+	loseQoS0Messages(t, b, "never-reads")
+	lostJS := `document.querySelector('#drops-table tr[data-client-id="never-reads"] td[data-field="qos0_outbox_full"]')`
+	live.waitFor(lostJS+` !== null && `+lostJS+`.textContent !== "0"`, 10*time.Second, "the client that lost messages is listed")
+	require.Equal(t, "true", live.eval(`String(document.getElementById("drops-none").hidden)`))
+	require.Contains(t, live.text("#drops"), "QoS 0, outbox full")
 
 	// The keyboard: the chart range is a focusable button toggled by Enter.
 	live.do(chromedp.Focus(chromedp.CSS(`.range button[data-minutes="1"]`)), chromedp.KeyEvent("\r"))
@@ -479,4 +491,55 @@ func TestDashboardShowsBridge(t *testing.T) {
 		require.Contains(t, text, want)
 	}
 	require.Empty(t, page.problems(nil), "no console errors")
+}
+
+// loseQoS0Messages connects clientID as a QoS 0 subscriber of
+// "drops/t" that never reads its socket after SUBACK, then publishes
+// 1 500 messages of 8 KiB there: more than its socket buffers and b's
+// outbox hold, so the broker drops some for it.
+func loseQoS0Messages(t *testing.T, b *broker.Broker, clientID string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(4096))
+	t.Cleanup(func() { _ = conn.Close() })
+	reader := &stopReading{Conn: conn, closed: make(chan struct{})}
+	t.Cleanup(func() { _ = reader.Close() })
+	c := paho.NewClient(paho.ClientConfig{ClientID: clientID, Conn: reader})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = c.Connect(ctx, &paho.Connect{ClientID: clientID, KeepAlive: 0, CleanStart: true})
+	require.NoError(t, err)
+	_, err = c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: "drops/t", QoS: 0}}})
+	require.NoError(t, err)
+	reader.stopped.Store(true)
+
+	pub := connect(t, b.MQTTAddr(), clientID+"-publisher")
+	payload := make([]byte, 8<<10)
+	for range 1500 {
+		_, err := pub.Publish(ctx, &paho.Publish{Topic: "drops/t", QoS: 0, Payload: payload})
+		require.NoError(t, err)
+	}
+}
+
+// stopReading is a connection whose reads block, once stopped is set,
+// until it is closed: a client that stops reading its socket.
+type stopReading struct {
+	net.Conn
+	stopped   atomic.Bool
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (s *stopReading) Read(p []byte) (int, error) {
+	if s.stopped.Load() {
+		<-s.closed
+		return 0, net.ErrClosed
+	}
+	return s.Conn.Read(p)
+}
+
+func (s *stopReading) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	return s.Conn.Close()
 }

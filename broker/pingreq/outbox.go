@@ -87,6 +87,10 @@ type WriteStats struct {
 	QueuedBytes  int    // bytes waiting to be sent now
 	DroppedQoS0  uint64 // QoS 0 publishes dropped because the outbox was full
 	WriteTimeout bool   // the connection was ended by the write timeout
+	// DroppedWriteQueue counts publishes the broker dropped before they
+	// reached this connection, because the client's write queue was full
+	// (Mochi's outbound channel; see CountWriteQueueDrop).
+	DroppedWriteQueue uint64
 }
 
 // outbox holds the bytes written to a Conn until its writer goroutine has
@@ -104,6 +108,8 @@ type outbox struct {
 
 	droppedQoS0  atomic.Uint64
 	writeTimeout atomic.Bool
+
+	droppedWriteQueue atomic.Uint64
 }
 
 // SetWriteLimits sets the connection's outbox limits; call it before the
@@ -125,8 +131,16 @@ func (c *Conn) WriteStats() WriteStats {
 		QueuedBytes:  queued,
 		DroppedQoS0:  o.droppedQoS0.Load(),
 		WriteTimeout: o.writeTimeout.Load(),
+
+		DroppedWriteQueue: o.droppedWriteQueue.Load(),
 	}
 }
+
+// CountWriteQueueDrop records that a publish for this client was dropped
+// before it reached the connection (the broker's write queue for the
+// client was full), so WriteStats tells every loss of the client's, by
+// reason.
+func (c *Conn) CountWriteQueueDrop() { c.out.droppedWriteQueue.Add(1) }
 
 // enqueueOut appends p to the outbox, starting the writer if needed. qos0
 // marks p as one QoS 0 PUBLISH, which is dropped (and counted) rather than
