@@ -39,14 +39,18 @@ var ThroughputSystems = []string{"luffymq-adaptive", "luffymq-round-robin", Syst
 // in ThroughputSystems; name it in --systems to run it.
 const SystemLuffyMQPersist = "luffymq-adaptive-persist"
 
+// SystemLuffyMQPersistFsync is SystemLuffyMQPersist with --fsync: every
+// accepted QoS 1 publish reaches the disk before its PUBACK.
+const SystemLuffyMQPersistFsync = "luffymq-adaptive-persist-fsync"
+
 // ThroughputOptionalSystems can be named in --systems but are not run by
 // default.
-var ThroughputOptionalSystems = []string{SystemLuffyMQPersist}
+var ThroughputOptionalSystems = []string{SystemLuffyMQPersist, SystemLuffyMQPersistFsync}
 
 // startThroughputBroker starts system's broker for one set-B run: the
 // persistent luffymq here, every other system through starter.
 func startThroughputBroker(ctx context.Context, starter brokerStarter, system string, reportInterval time.Duration, logName string) (runningBroker, error) {
-	if system != SystemLuffyMQPersist {
+	if system != SystemLuffyMQPersist && system != SystemLuffyMQPersistFsync {
 		return starter.start(ctx, system, reportInterval, logName)
 	}
 	dir, err := os.MkdirTemp("", "luffy-bench-data-")
@@ -54,8 +58,12 @@ func startThroughputBroker(ctx context.Context, starter brokerStarter, system st
 		return nil, fmt.Errorf("luffymq data dir: %w", err)
 	}
 	p, err := startProcess(ctx, starter.LuffyMQ, filepath.Join(starter.LogDir, logName+".broker.log"), func(addr string) ([]string, error) {
-		return []string{"--listen", addr, "--http", "", "--strategy", "adaptive", "--data-dir", dir,
-			"--report-interval", reportInterval.String(), "--log-level", "warn"}, nil
+		args := []string{"--listen", addr, "--http", "", "--strategy", "adaptive", "--data-dir", dir,
+			"--report-interval", reportInterval.String(), "--log-level", "warn"}
+		if system == SystemLuffyMQPersistFsync {
+			args = append(args, "--fsync")
+		}
+		return args, nil
 	})
 	if err != nil {
 		_ = os.RemoveAll(dir)

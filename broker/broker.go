@@ -199,7 +199,7 @@ func New(cfg Config) (*Broker, error) {
 	// Persistence goes last: its journal records a publish as the other
 	// hooks left it.
 	if cfg.DataDir != "" {
-		if b.persist, err = attachPersistence(b.server, cfg.DataDir, cfg.Logger); err != nil {
+		if b.persist, err = attachPersistence(b.server, cfg.DataDir, cfg.Fsync, cfg.Logger); err != nil {
 			return nil, err
 		}
 	}

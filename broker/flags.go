@@ -107,6 +107,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	maxPendingWrites := fs.Int("max-pending-writes", 0, "packets Mochi queues per client for its write loop before it drops publishes to that client (0: Mochi's default, 8192)")
 	holdLead := fs.Duration("hold-lead", DefaultHoldLead, "experimental late binding (adaptive strategy), e.g. 5ms: while every member of a group is predicted busy for longer than this, messages wait at the broker and go to whoever is then predicted to start them soonest; should exceed the members' one-way network delay (0: off, the default; always off with --data-dir)")
 	metricsMaxMembers := fs.Int("metrics-max-members", hooks.DefaultMetricsMaxMembers, "most shared-group members (group and client pairs) with Prometheus series of their own; the others are summed per group under client_id=\"_other\"")
+	fsync := fs.Bool("fsync", false, "with --data-dir: write each accepted QoS 1/2 publish to disk (fsync) before acknowledging it, so a power cut loses nothing acknowledged (slower; without it a killed broker loses nothing, a power cut may lose the last writes)")
 	pprofOn := fs.Bool("pprof", false, "serve Go runtime profiles (heap, CPU, goroutines) under /debug/pprof/ on --http, behind the same access rule as the API")
 	fs.Var(&exports, "export", "MQTT filter shared with the other sites through RabbitMQ (repeatable or comma-separated), e.g. sensors/#")
 	fs.Var(&exportGroups, "export-group", "shared subscription $share/<group>/<filter> served as a work queue wq.<group> across sites (repeatable; needs --amqp-management-url)")
@@ -190,6 +191,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	cfg.RedispatchGrace, cfg.WriteTimeout, cfg.MaxQueuedBytes = *redispatchGrace, *writeTimeout, *maxQueuedBytes
 	cfg.MetricsMaxMembers = *metricsMaxMembers
 	cfg.Pprof = *pprofOn
+	cfg.Fsync = *fsync
 	cfg.HoldLead = *holdLead
 	cfg.AckTimeout = *ackTimeout
 	cfg.MaxPendingWrites = *maxPendingWrites

@@ -22,12 +22,15 @@ import (
 //   - Mochi's Badger storage hook, in DataDir/store. It writes on Mochi's
 //     hook events (session established, subscribed, retained, each QoS
 //     delivery and its completion) and Mochi reads it back at Serve. Badger
-//     is opened with SyncWrites off: a write returns once it is copied into
-//     Badger's memory-mapped log, that is into the operating system's page
-//     cache, which a killed process does not lose (a power cut can).
+//     is opened with SyncWrites off unless --fsync: a write returns once
+//     it is copied into Badger's memory-mapped log, that is into the
+//     operating system's page cache, which a killed process does not lose
+//     (a power cut can). With --fsync every write is synced to disk.
 //   - the publish journal (persist_journal.go), in DataDir/journal, which
 //     covers the moment Mochi has acknowledged a publish but not yet stored
-//     the subscribers' copies.
+//     the subscribers' copies. With --fsync each accepted publish is synced
+//     to disk before the publisher's PUBACK (its "done" record is not: a
+//     done record lost to a power cut only delivers the publish again).
 //
 // persistStoreDir and persistJournalDir name the two parts inside DataDir.
 const (
@@ -64,9 +67,9 @@ func prepareDataDir(dir string) error {
 // badgerOptions are Badger's defaults with smaller memory tables and value
 // log files: a broker's records are small, and the defaults (64 MiB tables,
 // 1 GiB log files, 256 MiB block cache) are sized for databases.
-func badgerOptions(dir string) *badgerdb.Options {
+func badgerOptions(dir string, fsync bool) *badgerdb.Options {
 	opts := badgerdb.DefaultOptions(dir).
-		WithSyncWrites(false).
+		WithSyncWrites(fsync).
 		WithMemTableSize(16 << 20).
 		WithValueLogFileSize(64 << 20).
 		WithBlockCacheSize(16 << 20).
@@ -78,15 +81,15 @@ func badgerOptions(dir string) *badgerdb.Options {
 // attachPersistence opens the store and the journal in dataDir and adds
 // their hooks to server. Call it after every other hook that provides
 // OnPublish, so the journal records the publish as they left it.
-func attachPersistence(server *mqtt.Server, dataDir string, log *slog.Logger) (*persistence, error) {
+func attachPersistence(server *mqtt.Server, dataDir string, fsync bool, log *slog.Logger) (*persistence, error) {
 	p := &persistence{store: new(badger.Hook), log: log}
 	if err := server.AddHook(p.store, &badger.Options{
 		Path:    filepath.Join(dataDir, persistStoreDir),
-		Options: badgerOptions(filepath.Join(dataDir, persistStoreDir)),
+		Options: badgerOptions(filepath.Join(dataDir, persistStoreDir), fsync),
 	}); err != nil {
 		return nil, fmt.Errorf("%w: data-dir %s: opening the store: %w", ErrInvalidConfig, dataDir, err)
 	}
-	journal, pending, err := openPublishJournal(filepath.Join(dataDir, persistJournalDir), 0)
+	journal, pending, err := openPublishJournal(filepath.Join(dataDir, persistJournalDir), 0, fsync)
 	if err != nil {
 		_ = p.store.Stop()
 		return nil, fmt.Errorf("%w: data-dir %s: %w", ErrInvalidConfig, dataDir, err)

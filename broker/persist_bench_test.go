@@ -42,9 +42,9 @@ func BenchmarkPersistQoS1(b *testing.B) {
 			return addr
 		}
 	}
-	luffymq := func(persist bool) func(b *testing.B) string {
+	luffymq := func(persist, fsync bool) func(b *testing.B) string {
 		return func(b *testing.B) string {
-			cfg := Config{MQTTListen: "127.0.0.1:0", Logger: discardLogger()}
+			cfg := Config{MQTTListen: "127.0.0.1:0", Logger: discardLogger(), Fsync: fsync}
 			if persist {
 				cfg.DataDir = b.TempDir()
 			}
@@ -61,7 +61,7 @@ func BenchmarkPersistQoS1(b *testing.B) {
 	}{
 		{"mochi-memory", mochiWith(nil)},
 		{"mochi-badger", mochiWith(func(s *mqtt.Server, dir string) error {
-			return s.AddHook(new(badger.Hook), &badger.Options{Path: dir, Options: badgerOptions(dir)})
+			return s.AddHook(new(badger.Hook), &badger.Options{Path: dir, Options: badgerOptions(dir, false)})
 		})},
 		{"mochi-bolt", mochiWith(func(s *mqtt.Server, dir string) error {
 			return s.AddHook(new(bolt.Hook), &bolt.Options{Path: filepath.Join(dir, "bolt.db"), Options: &bbolt.Options{Timeout: time.Second}})
@@ -72,8 +72,9 @@ func BenchmarkPersistQoS1(b *testing.B) {
 		{"mochi-pebble-sync", mochiWith(func(s *mqtt.Server, dir string) error {
 			return s.AddHook(new(pebble.Hook), &pebble.Options{Path: dir, Mode: pebble.Sync})
 		})},
-		{"luffymq-memory", luffymq(false)},
-		{"luffymq-data-dir", luffymq(true)},
+		{"luffymq-memory", luffymq(false, false)},
+		{"luffymq-data-dir", luffymq(true, false)},
+		{"luffymq-data-dir-fsync", luffymq(true, true)},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

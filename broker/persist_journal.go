@@ -79,6 +79,7 @@ type journalSegment struct {
 type publishJournal struct {
 	dir          string
 	segmentLimit int64
+	fsync        bool // sync each add to disk before add returns
 
 	mu        sync.Mutex
 	closed    bool
@@ -92,7 +93,7 @@ type publishJournal struct {
 // the publishes it still held, in the order they were accepted, and starts a
 // new segment for this run. The old segments stay on disk until
 // forgetRecovered, so a crash while they are replayed loses nothing.
-func openPublishJournal(dir string, segmentLimit int64) (*publishJournal, []journalEntry, error) {
+func openPublishJournal(dir string, segmentLimit int64, fsync bool) (*publishJournal, []journalEntry, error) {
 	if segmentLimit <= 0 {
 		segmentLimit = defaultJournalSegmentSize
 	}
@@ -103,7 +104,7 @@ func openPublishJournal(dir string, segmentLimit int64) (*publishJournal, []jour
 	if err != nil {
 		return nil, nil, err
 	}
-	j := &publishJournal{dir: dir, segmentLimit: segmentLimit, bySeq: map[uint64]*journalSegment{}}
+	j := &publishJournal{dir: dir, segmentLimit: segmentLimit, fsync: fsync, bySeq: map[uint64]*journalSegment{}}
 	added := map[uint64]storage.Message{}
 	var maxSeq uint64
 	for _, n := range nums {
@@ -236,6 +237,11 @@ func (j *publishJournal) add(msg *storage.Message) (uint64, error) {
 	seg, err := j.appendLocked(encodeJournalRecord(journalRecordAdd, seq, data))
 	if err != nil {
 		return 0, err
+	}
+	if j.fsync {
+		if err := seg.f.Sync(); err != nil {
+			return 0, fmt.Errorf("publish journal: %w", err)
+		}
 	}
 	j.nextSeq++
 	seg.open++
