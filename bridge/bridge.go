@@ -10,6 +10,7 @@
 // MQTTToAMQP(topic) and these headers:
 //
 //	x-luffymq-origin   the publishing site (Config.Site)
+//	x-luffymq-broker   the publishing broker (Config.BrokerID)
 //	x-mqtt-qos         the publish QoS (0..2); QoS >= 1 is a persistent
 //	                   message published with confirms and retried until
 //	                   confirmed
@@ -20,9 +21,10 @@
 // plus the AMQP properties message-id (unique per message), content-type,
 // timestamp and expiration (from the message expiry interval).
 //
-// Each site has one durable import queue, ImportQueueName(site), bound to
-// every pub/sub exchange with one binding key per local MQTT subscription
-// that overlaps an export filter (their intersection, see IntersectFilters).
+// Each broker has one durable import queue, ImportQueueName(site,
+// broker-id), bound to every pub/sub exchange with one binding key per
+// local MQTT subscription that overlaps an export filter (their
+// intersection, see IntersectFilters).
 // Bindings follow subscriptions as clients subscribe, unsubscribe and
 // their sessions end. Federation (ApplyFederation) propagates these bindings
 // to the other sites' exchanges, so remote messages flow only where
@@ -31,11 +33,15 @@
 // retain flag and properties plus the user property
 // luffymq-origin-site=<origin>.
 //
-// Loop and duplicate rules: messages whose origin is this site are never
-// injected (local subscribers already had them); injected messages are
-// never exported again; a message ID seen recently (Config.DedupWindow) is
-// dropped, which removes the duplicates that at-least-once republishing and
-// federation link restarts can create.
+// Loop and duplicate rules: messages this broker published are never
+// injected (local subscribers already had them), nor are messages of this
+// site that came back through federation (they carry RabbitMQ's
+// x-received-from header; every broker of the site had them straight from
+// the site's exchange); injected messages are never exported again, so a
+// message crosses sites only as published by its origin broker; a message
+// ID seen recently (Config.DedupWindow) is dropped, which removes the
+// duplicates that at-least-once republishing and federation link restarts
+// can create.
 //
 // # Work queues
 //
@@ -64,11 +70,11 @@
 // once: members drop duplicates by luffymq-message-id, and the bridge drops
 // a message whose ID is already pending or was completed recently.
 //
-// Overflow. Every site retunes, each RetuneInterval, the policy
-// luffymq-wq:wq.<g> (message-ttl, max-length, overflow drop-head,
-// dead-letter-exchange wq.<g>.dlx) by eq. 2.12 with
-// ConsumerUtilisation × NumberOfConsumers / 100 taken as the sum over
-// online members of 1/(1+q), q being the work queued ahead of a new
+// Overflow. Every site retunes (through one of its brokers, see below),
+// each RetuneInterval, the policy luffymq-wq:wq.<g> (message-ttl,
+// max-length, overflow drop-head, dead-letter-exchange wq.<g>.dlx) by eq.
+// 2.12 with ConsumerUtilisation × NumberOfConsumers / 100 taken as the sum
+// over online members of 1/(1+q), q being the work queued ahead of a new
 // message in service times (PredictedWait / ServiceEstimate, or in-flight
 // deliveries beyond the first for members that do not report): an idle
 // member counts 1, one with q service times queued 1/(1+q). What expires
@@ -94,6 +100,53 @@
 // the upstreams' wq.<g>.dlx; the event agent watches amq.rabbitmq.event
 // and gives every wq.<g> queue created by others its exchanges, intake
 // queue and initial policy, removing them with the queue.
+//
+// # Several brokers at one site
+//
+// Several luffymq processes may serve one site, all bridged to the site's
+// RabbitMQ node with the same Config.Site and each with its own
+// Config.BrokerID (DefaultBrokerID when empty). Nothing else is shared
+// between them; RabbitMQ does the rest:
+//
+//   - Pub/sub: each broker has its own import queue, bound for its own
+//     subscriptions, and skips only what it published itself, so a publish
+//     at one broker reaches the subscribers of every other broker of the
+//     site through the site's exchange, once. The queue is durable with
+//     x-expires (Config.QueueExpires) rather than exclusive or auto-delete:
+//     it keeps what arrives while the bridge reconnects, and it is deleted
+//     when the bridge closes; a broker that dies without closing leaves it
+//     to expire. The first session of a process deletes a leftover queue
+//     only if it has no consumer, and every session consumes it
+//     exclusively: a second broker with the same ID is refused
+//     (ImportQueueInUseError) instead of taking half of the other's
+//     messages.
+//   - Work queues: every broker takes wq.<g> and the intake queue with
+//     basic.get at its own members' capacity, as above: they are competing
+//     consumers of one queue, so a group whose members are spread over the
+//     site's brokers is served as one group, each broker taking messages as
+//     fast as its members finish them. A broker that stops (or loses its
+//     connection) leaves its unacknowledged messages to RabbitMQ, which
+//     requeues them for the others.
+//   - Retune: the policy and the consistent-hash weights of wq.<g> are the
+//     site's, so exactly one broker sets them from the sum of every
+//     broker's capacity (eq. 2.12 with the site's Available and Online,
+//     eq. 2.14 with every broker's unacknowledged messages). The owner is
+//     the broker whose connection holds the exclusive queue
+//     RetuneOwnerQueueName(g); each RetuneInterval the others publish their
+//     share (online members, Available, unacknowledged, validity of three
+//     retune intervals) to it, mandatory and confirmed. A share RabbitMQ
+//     returns means nobody holds the queue: the sender then declares it,
+//     and one declare wins (the others get RESOURCE_LOCKED and keep
+//     sending). When the owner stops, RabbitMQ deletes the queue with its
+//     connection and another broker takes over at its next turn, reading
+//     the current weights back from the management API before changing
+//     them, so that each ring exchange never gets a second binding; the
+//     stopped broker's share expires from the sum. Letting every broker
+//     retune from its own members instead would make the policy flap
+//     between the brokers' values and corrupt the hash ring.
+//
+// A shared group that is not exported with ExportGroups gets pub/sub
+// messages at each broker where it has members, as it does at each site.
 //
 // When RabbitMQ is unreachable the bridge logs one clear line, keeps
 // retrying with backoff and keeps up to Config.OutboxSize messages to
@@ -124,6 +177,7 @@ import (
 // AMQP header names and the MQTT user property set on imported messages.
 const (
 	HeaderOrigin          = "x-luffymq-origin"
+	HeaderBroker          = "x-luffymq-broker"
 	HeaderQoS             = "x-mqtt-qos"
 	HeaderRetain          = "x-mqtt-retain"
 	HeaderUserProperties  = "x-mqtt-user"
@@ -133,8 +187,11 @@ const (
 	OriginUserProperty    = "luffymq-origin-site"
 )
 
-// ImportQueueName returns the name of a site's import queue.
-func ImportQueueName(site string) string { return "luffymq.import." + site }
+// ImportQueueName returns the name of the import queue of one broker of a
+// site: "luffymq.import.<site>.<broker-id>".
+func ImportQueueName(site, brokerID string) string {
+	return "luffymq.import." + site + "." + brokerID
+}
 
 // Binding is one binding of the import queue.
 type Binding struct {
@@ -189,9 +246,9 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	b := &Bridge{
 		cfg:       cfg,
-		log:       cfg.Logger.With("component", "bridge", "site", cfg.Site),
+		log:       cfg.Logger.With("component", "bridge", "site", cfg.Site, "broker_id", cfg.BrokerID),
 		exchanges: groupExports(cfg.Exports),
-		queue:     ImportQueueName(cfg.Site),
+		queue:     ImportQueueName(cfg.Site, cfg.BrokerID),
 		bootID:    randomHex(6),
 		outbox:    newOutbox(cfg.OutboxSize),
 		dedup:     newDedup(cfg.DedupWindow),
@@ -229,7 +286,7 @@ func (b *Bridge) Exchanges() []string {
 	return out
 }
 
-// ImportQueue returns the name of this site's import queue.
+// ImportQueue returns the name of this broker's import queue.
 func (b *Bridge) ImportQueue() string { return b.queue }
 
 // Attach adds the bridge's hook to s, which must have been created with
@@ -362,6 +419,7 @@ func hasOriginProperty(props []packets.UserProperty) bool {
 func (b *Bridge) publishing(pk packets.Packet) *amqp.Publishing {
 	h := amqp.Table{
 		HeaderOrigin: b.cfg.Site,
+		HeaderBroker: b.cfg.BrokerID,
 		HeaderQoS:    int32(pk.FixedHeader.Qos),
 		HeaderRetain: pk.FixedHeader.Retain,
 	}
@@ -402,10 +460,10 @@ func (b *Bridge) publishing(pk packets.Packet) *amqp.Publishing {
 // inject delivers a message from the import queue to local subscribers.
 // It reports what became of it for the counters.
 func (b *Bridge) inject(d amqp.Delivery) importResult {
-	origin, _ := d.Headers[HeaderOrigin].(string)
-	if origin == b.cfg.Site {
+	if b.localAlready(d.Headers) {
 		return importLocal
 	}
+	origin, _ := d.Headers[HeaderOrigin].(string)
 	topic, err := AMQPToMQTT(d.RoutingKey)
 	if err != nil || !validTopic(topic) {
 		b.log.Debug("bridge: dropping message with unmappable routing key", "exchange", d.Exchange, "routing_key", d.RoutingKey)

@@ -17,8 +17,17 @@ var ErrInvalidConfig = errors.New("bridge")
 // the default shown.
 type Config struct {
 	// Site names this site (letters, digits, '-', '_'). It tags every
-	// exported message and names the site's import queue. Required.
+	// exported message and, with BrokerID, names the import queue.
+	// Required.
 	Site string
+	// BrokerID names this broker among the brokers of its site (letters,
+	// digits, '-', '_'; at most 64). Several brokers of one site share its
+	// RabbitMQ node, each with its own import queue
+	// ImportQueueName(Site, BrokerID); the ID tags every exported message,
+	// so a broker skips only what it published itself. Empty takes
+	// DefaultBrokerID(""): the host name and random hex digits, stable for
+	// the process.
+	BrokerID string
 	// AMQPURL is the site's RabbitMQ node (amqp:// or amqps://). Required.
 	AMQPURL string
 	// Exports are the MQTT filters whose messages are shared with the
@@ -62,6 +71,12 @@ func (c Config) Validate() error {
 func (c Config) withDefaults() (Config, error) {
 	if !validName(c.Site) {
 		return c, fmt.Errorf("%w: site %q: use 1-64 letters, digits, '-' or '_'", ErrInvalidConfig, c.Site)
+	}
+	if c.BrokerID == "" {
+		c.BrokerID = DefaultBrokerID("")
+	}
+	if !validName(c.BrokerID) {
+		return c, fmt.Errorf("%w: broker-id %q: use 1-64 letters, digits, '-' or '_'", ErrInvalidConfig, c.BrokerID)
 	}
 	if c.AMQPURL == "" {
 		return c, fmt.Errorf("%w: amqp-url is empty", ErrInvalidConfig)

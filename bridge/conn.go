@@ -63,7 +63,10 @@ func describe(err error, rawURL string) string {
 	u := redact(rawURL)
 	var opErr *net.OpError
 	var amqpErr *amqp.Error
+	var inUse *ImportQueueInUseError
 	switch {
+	case errors.As(err, &inUse):
+		return inUse.Error()
 	case errors.As(err, &opErr) && opErr.Op == "dial":
 		return fmt.Sprintf("RabbitMQ unreachable at %s (%v): is the node running and is --amqp-url right?", u, opErr.Err)
 	case errors.As(err, &amqpErr) && amqpErr.Code == amqp.AccessRefused:
@@ -90,7 +93,7 @@ func (b *Bridge) session(ctx context.Context, onUp func()) error {
 		Heartbeat:  b.cfg.Heartbeat,
 		Locale:     "en_US",
 		Dial:       amqp.DefaultDial(5 * time.Second),
-		Properties: amqp.Table{"connection_name": "luffymq-bridge-" + b.cfg.Site},
+		Properties: amqp.Table{"connection_name": "luffymq-bridge-" + b.cfg.Site + "-" + b.cfg.BrokerID},
 	})
 	if err != nil {
 		return err
@@ -119,9 +122,11 @@ func (b *Bridge) session(ctx context.Context, onUp func()) error {
 	if err := subCh.Qos(b.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("setting prefetch %d: %w", b.cfg.Prefetch, err)
 	}
-	deliveries, err := subCh.Consume(b.queue, "luffymq-import-"+b.cfg.Site, false, false, false, false, nil)
+	// Exclusive: a second broker with this ID is refused, not served half
+	// of the messages.
+	deliveries, err := subCh.Consume(b.queue, "luffymq-import-"+b.cfg.Site+"-"+b.cfg.BrokerID, false, true, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("consuming %s: %w", b.queue, err)
+		return b.queueInUse(fmt.Errorf("consuming %s: %w", b.queue, err), amqp.AccessRefused)
 	}
 	loops := []func(context.Context) error{
 		func(c context.Context) error { return b.publishLoop(c, pubCh) },
@@ -152,6 +157,7 @@ func (b *Bridge) session(ctx context.Context, onUp func()) error {
 	var result error
 	select {
 	case <-ctx.Done():
+		b.deleteImportQueue(conn)
 	case e, ok := <-closed:
 		if ok && e != nil {
 			result = e
@@ -184,16 +190,16 @@ func (b *Bridge) workQueueLoops(conn *amqp.Connection) ([]func(context.Context) 
 			if err := declareWorkTopology(topo, g.name); err != nil {
 				return nil, err
 			}
-			st, err := b.adoptBindings(topo, g.name)
-			if err != nil {
-				return nil, err
-			}
 			b.wqMu.Lock()
-			b.wqStates[g.name] = st // policy to (re)apply: maxLength 0
+			b.wqStates[g.name] = wqState{} // the site's retune owner adopts the bindings and (re)applies the policy
 			b.wqMu.Unlock()
 		}
+		rc, err := b.newRetuneCoordinator(conn)
+		if err != nil {
+			return nil, err
+		}
 		loops = append(loops,
-			func(c context.Context) error { return b.retuneLoop(c, topo) },
+			func(c context.Context) error { return b.retuneLoop(c, topo, rc) },
 			func(c context.Context) error { return b.settleLoop(c, gen) })
 		for _, g := range b.groups {
 			ch, err := conn.Channel()
@@ -224,7 +230,8 @@ func (b *Bridge) workQueueLoops(conn *amqp.Connection) ([]func(context.Context) 
 // the process recreates the queue, dropping bindings and messages left by
 // an earlier process (its sessions are gone too unless Mochi persists
 // them, in which case the bindings are recomputed from the restored
-// subscriptions).
+// subscriptions); it refuses to delete a queue that has a consumer: that
+// is another broker's with the same ID.
 func (b *Bridge) declare(ch *amqp.Channel) error {
 	for _, x := range b.exchanges {
 		if err := ch.ExchangeDeclare(x.name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
@@ -235,8 +242,8 @@ func (b *Bridge) declare(ch *amqp.Channel) error {
 	fresh := b.queueFresh
 	b.mu.Unlock()
 	if !fresh {
-		if _, err := ch.QueueDelete(b.queue, false, false, false); err != nil {
-			return fmt.Errorf("deleting stale queue %s: %w", b.queue, err)
+		if _, err := ch.QueueDelete(b.queue, true, false, false); err != nil {
+			return b.queueInUse(fmt.Errorf("deleting stale queue %s: %w", b.queue, err), amqp.PreconditionFailed)
 		}
 	}
 	args := amqp.Table{

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,6 +62,21 @@ type FederationConfig struct {
 	// Exchanges federates single exchanges from their own upstreams (see
 	// ApplyFederation).
 	Exchanges []ExchangeFederation
+	// DiscardHeldOnMove turns off the conservation of held messages when
+	// a configuration message removes a federation link (the site agent's
+	// loss-free reconfiguration, see ConserveQueueName): what the removed
+	// link left in its queue on the old upstream is then deleted and
+	// counted instead of being re-published into the exchange it came
+	// from. The zero value conserves.
+	DiscardHeldOnMove bool
+	// LinkWait bounds how long the site agent waits for the new links of
+	// a configuration message to run before it removes the old ones (30 s);
+	// until then both run and the message is retried.
+	LinkWait time.Duration
+	// OldLinkGrace is how long old links keep running once the new ones
+	// run, so that messages already on their way through them arrive
+	// (1 s).
+	OldLinkGrace time.Duration
 }
 
 func (c FederationConfig) withDefaults() (FederationConfig, error) {
@@ -90,6 +106,12 @@ func (c FederationConfig) withDefaults() (FederationConfig, error) {
 	}
 	if c.PrefetchCount <= 0 {
 		c.PrefetchCount = 1000
+	}
+	if c.LinkWait <= 0 {
+		c.LinkWait = 30 * time.Second
+	}
+	if c.OldLinkGrace <= 0 {
+		c.OldLinkGrace = time.Second
 	}
 	seen := map[string]bool{}
 	for _, u := range c.Upstreams {
@@ -133,11 +155,15 @@ type ExchangeFederation struct {
 //     upstreams named UpstreamPrefix+<site> that cfg no longer lists are
 //     removed, and an empty list removes the policy;
 //   - per-exchange federation (when cfg.Exchanges is not nil): for each
-//     entry, upstreams "luffymq-x:<exchange>:<site>", an upstream set and a
-//     policy (priority 2) naming it; entries of this family that
-//     cfg.Exchanges no longer lists are removed.
+//     entry, upstreams "luffymq-x:<exchange>:<site>", an upstream set
+//     listing ExchangeUpstreamSlots of them and a policy (priority 2)
+//     naming it; upstreams and policies of this family that cfg.Exchanges
+//     no longer lists are removed, upstream sets are kept.
 //
-// It can be applied again at run time; nothing restarts.
+// It can be applied again at run time; nothing restarts but the links
+// whose upstream was added, changed or removed. It changes links at once:
+// the site agent moves them without losing messages with the procedure of
+// reconfig.go (new links first, old ones later, held messages conserved).
 func ApplyFederation(ctx context.Context, cfg FederationConfig) error {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -221,29 +247,64 @@ func applyPatternFederation(ctx context.Context, rh *rabbithole.Client, cfg Fede
 
 const upstreamSetComponent = "federation-upstream-set"
 
+// ExchangeUpstreamSlots is how many upstream names every per-exchange
+// upstream set lists ("luffymq-x:<exchange>:0" … ":63"), whether those
+// upstreams exist or not. RabbitMQ 3.10 restarts every exchange federation
+// link of a node whenever any upstream set is created or changed, and a
+// restarted link deletes its queue on the upstream with whatever that
+// queue still holds; creating or deleting one upstream starts or stops
+// that link alone. So each exchange's set is written once, with all its
+// slots, and links come and go as upstreams. (The first configuration
+// that federates an exchange on a node creates its set, which restarts
+// the node's other links once.)
+const ExchangeUpstreamSlots = 64
+
+// exchangeSetMembers lists the upstream set of an exchange: its slots, and
+// any upstream named outside them (which changes the set, with the
+// restart described at ExchangeUpstreamSlots).
+func exchangeSetMembers(setName string, ups []Upstream) []map[string]string {
+	members := make([]map[string]string, 0, ExchangeUpstreamSlots)
+	listed := map[string]bool{}
+	for i := 0; i < ExchangeUpstreamSlots; i++ {
+		name := setName + ":" + strconv.Itoa(i)
+		listed[name] = true
+		members = append(members, map[string]string{"upstream": name})
+	}
+	for _, u := range ups {
+		if name := setName + ":" + u.Site; !listed[name] {
+			listed[name] = true
+			members = append(members, map[string]string{"upstream": name})
+		}
+	}
+	return members
+}
+
 func applyExchangeFederation(ctx context.Context, rh *rabbithole.Client, cfg FederationConfig) error {
 	wantUp, wantSet := map[string]bool{}, map[string]bool{}
 	for _, x := range cfg.Exchanges {
 		if len(x.Upstreams) == 0 {
 			continue
 		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		setName := ExchangeUpstreamPrefix + x.Exchange
-		var members []map[string]string
+		// An unchanged set, upstream or policy written again changes
+		// nothing in RabbitMQ: no link restarts.
+		if err := checkResponse(rh.PutRuntimeParameter(upstreamSetComponent, cfg.Vhost, setName, exchangeSetMembers(setName, x.Upstreams))); err != nil {
+			return fmt.Errorf("federation: setting upstream set %s on %s: %w", setName, cfg.ManagementURL, err)
+		}
+		wantSet[setName] = true
 		for _, u := range x.Upstreams {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
 			name := setName + ":" + u.Site
 			wantUp[name] = true
-			members = append(members, map[string]string{"upstream": name})
 			if err := checkResponse(rh.PutFederationUpstream(cfg.Vhost, name, cfg.definition(u.URI, x.UpstreamExchange))); err != nil {
 				return fmt.Errorf("federation: setting upstream %s (%s) on %s: %w", name, redact(u.URI), cfg.ManagementURL, err)
 			}
 		}
-		if err := checkResponse(rh.PutRuntimeParameter(upstreamSetComponent, cfg.Vhost, setName, members)); err != nil {
-			return fmt.Errorf("federation: setting upstream set %s on %s: %w", setName, cfg.ManagementURL, err)
-		}
-		wantSet[setName] = true
 		policy := rabbithole.Policy{
 			Pattern:    "^" + regexp.QuoteMeta(x.Exchange) + "$",
 			ApplyTo:    "exchanges",
@@ -254,28 +315,8 @@ func applyExchangeFederation(ctx context.Context, rh *rabbithole.Client, cfg Fed
 			return fmt.Errorf("federation: setting policy %s on %s: %w", setName, cfg.ManagementURL, err)
 		}
 	}
-	policies, err := rh.ListPoliciesIn(cfg.Vhost)
-	if err != nil {
-		return fmt.Errorf("federation: listing policies on %s: %w", cfg.ManagementURL, err)
-	}
-	for _, p := range policies {
-		if strings.HasPrefix(p.Name, ExchangeUpstreamPrefix) && !wantSet[p.Name] {
-			if err := checkResponse(rh.DeletePolicy(cfg.Vhost, p.Name)); err != nil {
-				return fmt.Errorf("federation: removing policy %s on %s: %w", p.Name, cfg.ManagementURL, err)
-			}
-		}
-	}
-	sets, err := rh.ListRuntimeParametersIn(upstreamSetComponent, cfg.Vhost)
-	if err != nil {
-		return fmt.Errorf("federation: listing upstream sets on %s: %w", cfg.ManagementURL, err)
-	}
-	for _, p := range sets {
-		if strings.HasPrefix(p.Name, ExchangeUpstreamPrefix) && !wantSet[p.Name] {
-			if err := checkResponse(rh.DeleteRuntimeParameter(upstreamSetComponent, cfg.Vhost, p.Name)); err != nil {
-				return fmt.Errorf("federation: removing upstream set %s on %s: %w", p.Name, cfg.ManagementURL, err)
-			}
-		}
-	}
+	// Links go one by one, with their upstreams; the upstream sets stay
+	// (deleting one would restart every link of the node).
 	existing, err := rh.ListFederationUpstreamsIn(cfg.Vhost)
 	if err != nil {
 		return fmt.Errorf("federation: listing upstreams on %s: %w", cfg.ManagementURL, err)
@@ -284,6 +325,17 @@ func applyExchangeFederation(ctx context.Context, rh *rabbithole.Client, cfg Fed
 		if strings.HasPrefix(u.Name, ExchangeUpstreamPrefix) && !wantUp[u.Name] {
 			if err := checkResponse(rh.DeleteFederationUpstream(cfg.Vhost, u.Name)); err != nil {
 				return fmt.Errorf("federation: removing upstream %s on %s: %w", u.Name, cfg.ManagementURL, err)
+			}
+		}
+	}
+	policies, err := rh.ListPoliciesIn(cfg.Vhost)
+	if err != nil {
+		return fmt.Errorf("federation: listing policies on %s: %w", cfg.ManagementURL, err)
+	}
+	for _, p := range policies {
+		if strings.HasPrefix(p.Name, ExchangeUpstreamPrefix) && !wantSet[p.Name] {
+			if err := checkResponse(rh.DeletePolicy(cfg.Vhost, p.Name)); err != nil {
+				return fmt.Errorf("federation: removing policy %s on %s: %w", p.Name, cfg.ManagementURL, err)
 			}
 		}
 	}

@@ -34,8 +34,10 @@ type stats struct {
 	// configsApplied and events count the site agent's work.
 	configsApplied, events atomic.Uint64
 	nacked                 atomic.Uint64
-	lastWarn               atomic.Int64 // unix nanos of the last outbox-full warning
-	descs                  map[string]*prometheus.Desc
+	// reconfig counts loss-free reconfiguration (reconfig.go).
+	reconfig reconfigCounters
+	lastWarn atomic.Int64 // unix nanos of the last outbox-full warning
+	descs    map[string]*prometheus.Desc
 }
 
 func newStats(b *Bridge) *stats {
@@ -64,6 +66,12 @@ func newStats(b *Bridge) *stats {
 			"wq_weight":   d("wq_weight", "Current consistent-hash weight of this site's intake (eq. 2.13).", "queue"),
 			"wq_depth":    d("wq_messages_in_queue", "Messages ready or unacknowledged in the work queue and intake (eq. 2.14).", "queue"),
 			"agent":       d("agent_actions_total", "Site agent actions: configuration messages applied, queue events handled.", "kind"),
+			"fed_links":   d("federation_links_changed_total", "Federation links the configuration agent added or removed (new links run before old ones go).", "change"),
+			"fed_moves":   d("federation_moves_total", "Configuration messages that removed federation links (a synchronisation site moved)."),
+			"cons_req":    d("conservation_requests_total", "Conservation requests about removed links: sent to their upstream (confirmed), answered in time, handled at this node.", "state"),
+			"cons_pend":   d("conservation_requests_pending", "Conservation requests waiting for the upstream of a removed link to be reachable."),
+			"held":        d("held_messages_total", "Messages a removed federation link left in its queue on this node: conserved (re-published into their exchange) or discarded (--federation-discard-held).", "outcome"),
+			"held_queues": d("held_queues_removed_total", "Queues of removed federation links emptied and deleted on this node."),
 		},
 	}
 }
@@ -83,6 +91,16 @@ func (s *stats) imported(exchange string, r importResult) {
 	}
 	c[r]++
 	s.mu.Unlock()
+}
+
+// reconfigCounters count the work of loss-free reconfiguration; see
+// ReconfigStats.
+type reconfigCounters struct {
+	moves, linksAdded, linksRemoved atomic.Uint64
+	requestsSent, requestsAnswered  atomic.Uint64
+	requestsPending                 atomic.Int64
+	requestsHandled, queuesRemoved  atomic.Uint64
+	conserved, discarded            atomic.Uint64
 }
 
 // wqCounters counts one group's work-queue traffic.
@@ -222,6 +240,17 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(s.descs["bindings"], prometheus.GaugeValue, float64(len(s.b.Bindings())))
 	ch <- prometheus.MustNewConstMetric(s.descs["agent"], prometheus.CounterValue, float64(s.configsApplied.Load()), "config_applied")
 	ch <- prometheus.MustNewConstMetric(s.descs["agent"], prometheus.CounterValue, float64(s.events.Load()), "queue_event")
+	r := s.b.ReconfigStats()
+	ch <- prometheus.MustNewConstMetric(s.descs["fed_links"], prometheus.CounterValue, float64(r.LinksAdded), "added")
+	ch <- prometheus.MustNewConstMetric(s.descs["fed_links"], prometheus.CounterValue, float64(r.LinksRemoved), "removed")
+	ch <- prometheus.MustNewConstMetric(s.descs["fed_moves"], prometheus.CounterValue, float64(r.Moves))
+	ch <- prometheus.MustNewConstMetric(s.descs["cons_req"], prometheus.CounterValue, float64(r.RequestsSent), "sent")
+	ch <- prometheus.MustNewConstMetric(s.descs["cons_req"], prometheus.CounterValue, float64(r.RequestsAnswered), "answered")
+	ch <- prometheus.MustNewConstMetric(s.descs["cons_req"], prometheus.CounterValue, float64(r.RequestsHandled), "handled")
+	ch <- prometheus.MustNewConstMetric(s.descs["cons_pend"], prometheus.GaugeValue, float64(r.RequestsPending))
+	ch <- prometheus.MustNewConstMetric(s.descs["held"], prometheus.CounterValue, float64(r.Conserved), "conserved")
+	ch <- prometheus.MustNewConstMetric(s.descs["held"], prometheus.CounterValue, float64(r.Discarded), "discarded")
+	ch <- prometheus.MustNewConstMetric(s.descs["held_queues"], prometheus.CounterValue, float64(r.QueuesRemoved))
 	for g, w := range s.b.WorkQueueStats() {
 		q := WorkQueueName(g)
 		for src, n := range [numWQSources]uint64{w.Local, w.OwnOverflow, w.FromOtherSites} {

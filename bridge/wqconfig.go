@@ -180,9 +180,14 @@ func (c WorkQueueConfig) capacity(members []scoring.MemberSnapshot) Capacity {
 		}
 		out.Available += 1 / (1 + q)
 	}
-	out.MaxLength = max(int(float64(c.MaxLengthPerMember)*out.Available), 1)
-	out.TTL = max(time.Duration(float64(c.TTLPerMember)*out.Available), time.Millisecond)
+	out.MaxLength, out.TTL = c.limits(out.Available)
 	return out
+}
+
+// limits is eq. 2.12: the work queue's max length and message TTL for an
+// availability (Capacity.Available).
+func (c WorkQueueConfig) limits(available float64) (maxLength int, ttl time.Duration) {
+	return max(int(float64(c.MaxLengthPerMember)*available), 1), max(time.Duration(float64(c.TTLPerMember)*available), time.Millisecond)
 }
 
 // hasRoom reports whether some online member can start a message about

@@ -161,6 +161,7 @@ type wqState struct {
 	inWeight  int // bound to the intake exchange (0: unbound)
 	inQueue   int
 	online    int
+	owner     bool // this broker retunes the group for its site
 }
 
 // membersOf returns group g's members from the load source.
@@ -267,11 +268,21 @@ func (b *Bridge) settleLoop(ctx context.Context, gen uint64) error {
 	}
 }
 
-// retuneLoop applies eq. 2.12–2.14 to every exported group.
-func (b *Bridge) retuneLoop(ctx context.Context, ch *amqp.Channel) error {
+// retuneLoop applies eq. 2.12–2.14 to every exported group this broker
+// retunes for its site, and sends its share of the capacity of the others
+// to their owner (see rc).
+func (b *Bridge) retuneLoop(ctx context.Context, ch *amqp.Channel, rc *retuneCoordinator) error {
+	defer func() {
+		b.wqMu.Lock()
+		for g, st := range b.wqStates {
+			st.owner = false // the ownership ends with the connection
+			b.wqStates[g] = st
+		}
+		b.wqMu.Unlock()
+	}()
 	for {
 		for _, g := range b.groups {
-			if err := b.retune(ch, g); err != nil {
+			if err := b.retune(ctx, ch, g, rc); err != nil {
 				if errors.As(err, new(*amqp.Error)) {
 					return err
 				}
@@ -288,9 +299,35 @@ func (b *Bridge) retuneLoop(ctx context.Context, ch *amqp.Channel) error {
 	}
 }
 
-func (b *Bridge) retune(ch *amqp.Channel, g *workGroup) error {
-	c := b.cfg.WorkQueue.capacity(b.membersOf(g))
-	inQueue := b.wqTrack.count(g.name)
+func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc *retuneCoordinator) error {
+	own := b.cfg.WorkQueue.capacity(b.membersOf(g))
+	turn, err := rc.turn(ctx, g, own, b.wqTrack.count(g.name))
+	if err != nil {
+		return err
+	}
+	b.wqMu.Lock()
+	st := b.wqStates[g.name]
+	b.wqMu.Unlock()
+	if !turn.owner {
+		// Another broker of the site retunes the group from the site's
+		// sum; this one only takes messages at its members' capacity.
+		st.owner, st.online = false, own.Online
+		b.wqMu.Lock()
+		b.wqStates[g.name] = st
+		b.wqMu.Unlock()
+		return nil
+	}
+	if turn.adopt {
+		// A new owner: the previous one may have changed the weights; read
+		// them back and apply the policy again.
+		if st, err = b.adoptBindings(ch, g.name); err != nil {
+			return err
+		}
+		rc.adopted(g.name)
+	}
+	st.owner = true
+	c := turn.site
+	inQueue := turn.unacked
 	for _, q := range []string{g.queue(), IntakeQueueName(g.name)} {
 		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
 		if err != nil {
@@ -303,9 +340,6 @@ func (b *Bridge) retune(ch *amqp.Channel, g *workGroup) error {
 	if c.Online == 0 {
 		inW = 0 // nobody here to work on other sites' overflow
 	}
-	b.wqMu.Lock()
-	st := b.wqStates[g.name]
-	b.wqMu.Unlock()
 	if st.maxLength != c.MaxLength || st.ttl != c.TTL {
 		if err := b.putWorkPolicy(g.name, c.MaxLength, c.TTL); err != nil {
 			return err
@@ -384,7 +418,9 @@ func federationFor(m configMessage) ([]ExchangeFederation, error) {
 }
 
 // configLoop is the configuration agent: it applies every message of the
-// site's configuration queue as federation upstreams and policies.
+// site's configuration queue as federation upstreams and policies, moving
+// links without losing messages (applyConfiguration), and runs the
+// conservation agent beside it.
 func (b *Bridge) configLoop(ctx context.Context, ch *amqp.Channel) error {
 	q := ConfigQueueName(b.cfg.Site)
 	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
@@ -394,46 +430,70 @@ func (b *Bridge) configLoop(ctx context.Context, ch *amqp.Channel) error {
 	if err != nil {
 		return fmt.Errorf("consuming configuration queue %s: %w", q, err)
 	}
+	// The conservation agent serves the requests of downstream nodes that
+	// removed a federation link from this one (reconfig.go).
+	agentCtx, stopAgent := context.WithCancel(ctx)
+	agentDone := make(chan struct{})
+	go func() {
+		defer close(agentDone)
+		b.conserveAgent(agentCtx)
+	}()
+	defer func() {
+		stopAgent()
+		<-agentDone
+	}()
+	// A message that could not be applied is retried every second until
+	// it is, or until a newer one (a whole configuration too) replaces it.
+	var failed *amqp.Delivery
 	for {
+		var d amqp.Delivery
+		var retry <-chan time.Time // nil: nothing to retry
+		if failed != nil {
+			retry = time.After(time.Second)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case d, ok := <-msgs:
+		case next, ok := <-msgs:
 			if !ok {
 				return errors.New("configuration consumer cancelled")
 			}
-			var m configMessage
-			xs, err := []ExchangeFederation(nil), json.Unmarshal(d.Body, &m)
-			if err == nil {
-				xs, err = federationFor(m)
+			if failed != nil {
+				b.log.Info("bridge: a newer configuration replaces the one that failed")
+				_ = failed.Ack(false)
 			}
-			if err != nil {
-				b.log.Error("bridge: dropping invalid configuration message", "queue", q, "error", err)
-				_ = d.Ack(false)
-				continue
-			}
-			fc := b.cfg.WorkQueue.Federation
-			fc.ManagementURL, fc.Username, fc.Password = b.cfg.WorkQueue.ManagementURL, b.cfg.WorkQueue.Username, b.cfg.WorkQueue.Password
-			fc.Upstreams, fc.Exchanges = nil, xs
-			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err = ApplyFederation(actx, fc)
-			cancel()
-			if err != nil {
-				b.log.Error("bridge: applying configuration failed; will retry", "error", err)
-				_ = d.Nack(false, true)
-				t := time.NewTimer(time.Second)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return nil
-				case <-t.C:
-				}
-				continue
-			}
-			b.stats.configsApplied.Add(1)
-			b.log.Info("bridge: configuration applied", "exchanges", len(xs))
-			_ = d.Ack(false)
+			d = next
+		case <-retry:
+			d = *failed
 		}
+		failed = nil
+		var m configMessage
+		xs, err := []ExchangeFederation(nil), json.Unmarshal(d.Body, &m)
+		if err == nil {
+			xs, err = federationFor(m)
+		}
+		if err != nil {
+			b.log.Error("bridge: dropping invalid configuration message", "queue", q, "error", err)
+			_ = d.Ack(false)
+			continue
+		}
+		fc := b.cfg.WorkQueue.Federation
+		fc.ManagementURL, fc.Username, fc.Password = b.cfg.WorkQueue.ManagementURL, b.cfg.WorkQueue.Username, b.cfg.WorkQueue.Password
+		fc.Upstreams, fc.Exchanges = nil, xs
+		actx, cancel := context.WithTimeout(ctx, reconfigureTimeout(fc))
+		err = b.applyConfiguration(actx, fc)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // unacknowledged: RabbitMQ gives it to the next session
+			}
+			b.log.Error("bridge: applying configuration failed; will retry", "error", err)
+			failed = &d
+			continue
+		}
+		b.stats.configsApplied.Add(1)
+		b.log.Info("bridge: configuration applied", "exchanges", len(xs))
+		_ = d.Ack(false)
 	}
 }
 

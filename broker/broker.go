@@ -143,6 +143,7 @@ func New(cfg Config) (*Broker, error) {
 		wq.ManagementURL, wq.Load = cfg.AMQPManagementURL, b.engine
 		b.bridge, err = bridge.New(bridge.Config{
 			Site:         cfg.Site,
+			BrokerID:     cfg.BrokerID,
 			AMQPURL:      cfg.AMQPURL,
 			Exports:      cfg.Exports,
 			ExportGroups: cfg.ExportGroups,

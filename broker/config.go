@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -115,6 +116,11 @@ type Config struct {
 	AMQPURL string
 	// Site names this site for the bridge; required with AMQPURL.
 	Site string
+	// BrokerID names this broker among the brokers of its site that share
+	// the site's RabbitMQ node (see bridge.Config.BrokerID). Empty derives
+	// it once at start: bridge.DefaultBrokerID of the first MQTT listener
+	// (host name and port, or random hex digits for port 0).
+	BrokerID string
 	// Exports are the MQTT filters shared with the other sites.
 	Exports []string
 	// ExportGroups are shared subscriptions ($share/<g>/<filter>) served
@@ -126,7 +132,8 @@ type Config struct {
 	AMQPManagementURL string
 	// WorkQueue tunes the work queues (eq. 2.12 constants, retune
 	// interval); its ManagementURL and Load are set from AMQPManagementURL
-	// and the selection engine.
+	// and the selection engine. WorkQueue.Federation sets the links the
+	// site agent creates, DiscardHeldOnMove from --federation-discard-held.
 	WorkQueue bridge.WorkQueueConfig
 	// DataDir, set, keeps sessions, subscriptions, retained messages and
 	// in-flight QoS 1/2 messages in this directory across restarts (see
@@ -229,8 +236,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.AMQPURL != "" && c.Site == "" {
 		return c, fmt.Errorf("%w: amqp-url needs site (a name for this site, e.g. --site berlin)", ErrInvalidConfig)
 	}
+	if c.AMQPURL == "" && c.BrokerID != "" {
+		return c, fmt.Errorf("%w: broker-id needs amqp-url (the site's RabbitMQ node)", ErrInvalidConfig)
+	}
+	if c.AMQPURL != "" && c.BrokerID == "" {
+		c.BrokerID = bridge.DefaultBrokerID(cmp.Or(c.MQTTListen, c.TLSListen, c.WSListen))
+	}
 	if c.AMQPURL != "" {
-		bc := bridge.Config{Site: c.Site, AMQPURL: c.AMQPURL, Exports: c.Exports, ExportGroups: c.ExportGroups,
+		bc := bridge.Config{Site: c.Site, BrokerID: c.BrokerID, AMQPURL: c.AMQPURL, Exports: c.Exports, ExportGroups: c.ExportGroups,
 			WorkQueue: bridge.WorkQueueConfig{ManagementURL: c.AMQPManagementURL, Load: noLoad{}}}
 		if err := bc.Validate(); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

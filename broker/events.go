@@ -118,6 +118,29 @@ type BridgeStatus struct {
 	// FederationError is why the last read of the links failed ("" if it
 	// did not).
 	FederationError string `json:"federation_error"`
+	// Reconfig counts the site agent's loss-free moves of federation links
+	// and what the removed links held (see bridge.ReconfigStats).
+	Reconfig BridgeReconfig `json:"reconfig"`
+}
+
+// BridgeReconfig is bridge.ReconfigStats as the API shows it.
+type BridgeReconfig struct {
+	// Moves counts configuration messages that removed links;
+	// LinksAdded and LinksRemoved the links they changed.
+	Moves        uint64 `json:"moves"`
+	LinksAdded   uint64 `json:"links_added"`
+	LinksRemoved uint64 `json:"links_removed"`
+	// RequestsSent counts conservation requests delivered to the
+	// upstreams of removed links, RequestsPending those waiting for an
+	// unreachable upstream, RequestsHandled those this site's node served.
+	RequestsSent    uint64 `json:"conservation_requests_sent"`
+	RequestsPending int64  `json:"conservation_requests_pending"`
+	RequestsHandled uint64 `json:"conservation_requests_handled"`
+	// Conserved and Discarded count messages removed links left on this
+	// site's node: re-published into their exchange, or deleted
+	// (--federation-discard-held).
+	Conserved uint64 `json:"held_conserved"`
+	Discarded uint64 `json:"held_discarded"`
 }
 
 // BridgeExchange is a pub/sub exchange: messages this site exported to it
@@ -396,6 +419,12 @@ func (l *liveState) bridgeStatus(cur counterSample, rate func(cur, prev float64)
 		WorkQueues:      []BridgeWorkQueue{},
 		FederationLinks: l.fed.links,
 		FederationError: l.fed.err,
+	}
+	rc := br.ReconfigStats()
+	s.Reconfig = BridgeReconfig{
+		Moves: rc.Moves, LinksAdded: rc.LinksAdded, LinksRemoved: rc.LinksRemoved,
+		RequestsSent: rc.RequestsSent, RequestsPending: rc.RequestsPending, RequestsHandled: rc.RequestsHandled,
+		Conserved: rc.Conserved, Discarded: rc.Discarded,
 	}
 	bindings := br.Bindings()
 	perExchange := map[string]int{}

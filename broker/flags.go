@@ -99,6 +99,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 		amqpURL         = fs.String("amqp-url", "", "this site's RabbitMQ node, e.g. amqp://guest:guest@127.0.0.1:5672/; enables the multi-site bridge")
 		amqpMgmt        = fs.String("amqp-management-url", "", "management API of this site's RabbitMQ node, e.g. http://127.0.0.1:15672; runs the site agent; needed by --export-group")
 		site            = fs.String("site", "", "name of this site (letters, digits, '-', '_'); required with --amqp-url")
+		brokerID        = fs.String("broker-id", "", "name of this broker among the brokers of its site sharing its RabbitMQ node (letters, digits, '-', '_'); default: host name and MQTT port (random hex digits for port 0)")
 		dataDir         = fs.String("data-dir", "", "directory that keeps sessions, subscriptions, retained and in-flight QoS 1/2 messages across restarts (created if missing; empty keeps them in memory only)")
 		exports         listFlag
 		exportGroups    listFlag
@@ -109,6 +110,8 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	metricsMaxMembers := fs.Int("metrics-max-members", hooks.DefaultMetricsMaxMembers, "most shared-group members (group and client pairs) with Prometheus series of their own; the others are summed per group under client_id=\"_other\"")
 	fsync := fs.Bool("fsync", false, "with --data-dir: write each accepted QoS 1/2 publish to disk (fsync) before acknowledging it, so a power cut loses nothing acknowledged (slower; without it a killed broker loses nothing, a power cut may lose the last writes)")
 	pprofOn := fs.Bool("pprof", false, "serve Go runtime profiles (heap, CPU, goroutines) under /debug/pprof/ on --http, behind the same access rule as the API")
+	discardHeld := fs.Bool("federation-discard-held", false, "when a configuration message removes a federation link (its exchange's sync site moved), delete the messages the old link still holds on its upstream instead of conserving them; by default the upstream's site agent re-publishes them into their exchange so they follow the new links (no loss, a short delay for those messages); discarding is the thesis's setting without conservation: no delay, but those messages are lost")
+	federationMaxHops := fs.Int("federation-max-hops", 2, "federation links the site agent creates from configuration messages let a message cross this many links: luffy-controller's plans send a message from its site to the exchange's sync site and on to the others, two links")
 	fs.Var(&exports, "export", "MQTT filter shared with the other sites through RabbitMQ (repeatable or comma-separated), e.g. sensors/#")
 	fs.Var(&exportGroups, "export-group", "shared subscription $share/<group>/<filter> served as a work queue wq.<group> across sites (repeatable; needs --amqp-management-url)")
 	if err := fs.Parse(args); err != nil {
@@ -181,6 +184,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 		MaxPacketSize:     *maxPacketSize,
 		AMQPURL:           *amqpURL,
 		Site:              *site,
+		BrokerID:          *brokerID,
 		Exports:           exports,
 		ExportGroups:      exportGroups,
 		AMQPManagementURL: *amqpMgmt,
@@ -191,6 +195,8 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	cfg.RedispatchGrace, cfg.WriteTimeout, cfg.MaxQueuedBytes = *redispatchGrace, *writeTimeout, *maxQueuedBytes
 	cfg.MetricsMaxMembers = *metricsMaxMembers
 	cfg.Pprof = *pprofOn
+	cfg.WorkQueue.Federation.DiscardHeldOnMove = *discardHeld
+	cfg.WorkQueue.Federation.MaxHops = *federationMaxHops
 	cfg.Fsync = *fsync
 	cfg.HoldLead = *holdLead
 	cfg.AckTimeout = *ackTimeout

@@ -1,0 +1,111 @@
+package bridge
+
+import (
+	"strconv"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+)
+
+// TestReconfigAssignSlots: an upstream that stays keeps its link's name,
+// a new one takes the lowest free slot (never one an old link still uses,
+// since both run together for a while), a URI listed twice gets two links.
+func TestReconfigAssignSlots(t *testing.T) {
+	current := map[string][]exchangeLink{
+		"pubsub.a": {
+			{name: "luffymq-x:pubsub.a:0", exchange: "pubsub.a", slot: "0", uri: "amqp://b"},
+			{name: "luffymq-x:pubsub.a:2", exchange: "pubsub.a", slot: "2", uri: "amqp://c"},
+		},
+	}
+	want := []ExchangeFederation{
+		{Exchange: "pubsub.a", Upstreams: []Upstream{{Site: "0", URI: "amqp://d"}, {Site: "1", URI: "amqp://c"}, {Site: "2", URI: "amqp://e"}}},
+		{Exchange: "pubsub.new", Upstreams: []Upstream{{Site: "0", URI: "amqp://b"}, {Site: "1", URI: "amqp://b"}}},
+	}
+	got, err := assignSlots(current, want)
+	require.NoError(t, err)
+	require.Equal(t, []Upstream{{Site: "1", URI: "amqp://d"}, {Site: "2", URI: "amqp://c"}, {Site: "3", URI: "amqp://e"}}, got[0].Upstreams)
+	require.Equal(t, []Upstream{{Site: "0", URI: "amqp://b"}, {Site: "1", URI: "amqp://b"}}, got[1].Upstreams)
+	require.Equal(t, "0", want[0].Upstreams[0].Site, "the input is not modified")
+
+	// The upstream exchange is part of a link's identity.
+	got, err = assignSlots(current, []ExchangeFederation{{Exchange: "pubsub.a", UpstreamExchange: "other", Upstreams: []Upstream{{URI: "amqp://b"}}}})
+	require.NoError(t, err)
+	require.Equal(t, "1", got[0].Upstreams[0].Site)
+
+	// Old and new links together must fit the slots.
+	var many []Upstream
+	for i := 0; i < ExchangeUpstreamSlots-1; i++ {
+		many = append(many, Upstream{URI: "amqp://n" + strconv.Itoa(i)})
+	}
+	_, err = assignSlots(current, []ExchangeFederation{{Exchange: "pubsub.a", Upstreams: many}})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+// TestReconfigWithLinks: while new links start, old ones stay, also for
+// an exchange the configuration no longer lists.
+func TestReconfigWithLinks(t *testing.T) {
+	want := []ExchangeFederation{{Exchange: "pubsub.a", Upstreams: []Upstream{{Site: "1", URI: "amqp://c"}}}}
+	removed := []exchangeLink{
+		{name: "luffymq-x:pubsub.a:0", exchange: "pubsub.a", slot: "0", uri: "amqp://b"},
+		{name: "luffymq-x:wq.g.in:3", exchange: "wq.g.in", slot: "3", uri: "amqp://d", upstreamExchange: "wq.g.dlx"},
+	}
+	require.Equal(t, []ExchangeFederation{
+		{Exchange: "pubsub.a", Upstreams: []Upstream{{Site: "1", URI: "amqp://c"}, {Site: "0", URI: "amqp://b"}}},
+		{Exchange: "wq.g.in", UpstreamExchange: "wq.g.dlx", Upstreams: []Upstream{{Site: "3", URI: "amqp://d"}}},
+	}, withLinks(want, removed))
+	require.Len(t, want[0].Upstreams, 1, "the input is not modified")
+	require.Equal(t, "wq.g.dlx", removed[1].readExchange())
+	require.Equal(t, "pubsub.a", removed[0].readExchange())
+}
+
+// TestReconfigSetMembers: every exchange's upstream set lists all its
+// slots, so that adding and removing links never changes a set; names
+// outside the slots are listed too.
+func TestReconfigSetMembers(t *testing.T) {
+	m := exchangeSetMembers("luffymq-x:pubsub.a", []Upstream{{Site: "3"}, {Site: "berlin"}})
+	require.Len(t, m, ExchangeUpstreamSlots+1)
+	require.Equal(t, map[string]string{"upstream": "luffymq-x:pubsub.a:0"}, m[0])
+	require.Equal(t, map[string]string{"upstream": "luffymq-x:pubsub.a:63"}, m[ExchangeUpstreamSlots-1])
+	require.Equal(t, map[string]string{"upstream": "luffymq-x:pubsub.a:berlin"}, m[ExchangeUpstreamSlots])
+	require.Equal(t, m, exchangeSetMembers("luffymq-x:pubsub.a", []Upstream{{Site: "berlin"}, {Site: "0"}}))
+}
+
+// TestReconfigRepublished: a conserved message keeps what the importers
+// need (origin, message ID, MQTT headers) and loses federation's record of
+// the links it crossed, so it is routed as if published where it is.
+func TestReconfigRepublished(t *testing.T) {
+	d := amqp.Delivery{
+		Headers: amqp.Table{
+			HeaderOrigin: "berlin", HeaderQoS: int32(1), HeaderUserProperties: []interface{}{[]interface{}{"k", "v"}},
+			"x-received-from": []interface{}{amqp.Table{"cluster-name": "site-b"}},
+		},
+		ContentType: "text/plain", DeliveryMode: amqp.Persistent, MessageId: "berlin-1-7", Expiration: "60000",
+		UserId: "someone", AppId: "luffymq", Body: []byte("payload"),
+	}
+	p := republished(d)
+	require.Equal(t, amqp.Table{HeaderOrigin: "berlin", HeaderQoS: int32(1), HeaderUserProperties: []interface{}{[]interface{}{"k", "v"}}}, p.Headers)
+	require.Equal(t, "berlin-1-7", p.MessageId)
+	require.Equal(t, uint8(amqp.Persistent), p.DeliveryMode)
+	require.Equal(t, "60000", p.Expiration)
+	require.Equal(t, "text/plain", p.ContentType)
+	require.Empty(t, p.UserId, "RabbitMQ accepts only the publishing connection's own user ID")
+	require.Equal(t, []byte("payload"), p.Body)
+	require.Contains(t, d.Headers, "x-received-from", "the delivery is not modified")
+}
+
+// TestReconfigBindingSite: a federation binding is made for the site at
+// the end of its x-bound-from list (the list grows at its head as the
+// binding travels upstream).
+func TestReconfigBindingSite(t *testing.T) {
+	site, ok := bindingSite(map[string]interface{}{"x-bound-from": []interface{}{
+		map[string]interface{}{"cluster-name": "site-montreal@vm", "hops": float64(1)},
+		map[string]interface{}{"cluster-name": "site-tunis@vm", "hops": float64(2)},
+	}})
+	require.True(t, ok)
+	require.Equal(t, "site-tunis@vm", site)
+	for _, args := range []map[string]interface{}{nil, {"x-bound-from": []interface{}{}}, {"x-bound-from": "x"}, {"other": 1}} {
+		_, ok := bindingSite(args)
+		require.False(t, ok, "%v", args)
+	}
+}
