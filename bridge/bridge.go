@@ -101,6 +101,17 @@
 // and gives every wq.<g> queue created by others its exchanges, intake
 // queue and initial policy, removing them with the queue.
 //
+// Moves (reconfig.go): when a configuration removes an upstream (the
+// exchange's sync site moved), the agent first adds the new links and
+// waits until they run, then removes the old ones. Messages the removed
+// link still held in its queue on the old upstream are not lost: the
+// downstream asks the upstream's agent (luffymq.reconfig.conserve) to
+// re-publish them into the exchange once the new links carry the old
+// link's bindings, with their message IDs, so importers drop any copy
+// that arrived both ways. FederationConfig.DiscardHeldOnMove
+// (--federation-discard-held) deletes them instead, as the thesis did
+// without conservation.
+//
 // # Several brokers at one site
 //
 // Several luffymq processes may serve one site, all bridged to the site's
