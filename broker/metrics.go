@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"strings"
 	"sync/atomic"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -105,7 +106,15 @@ func (c *serverStateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.sessions, sessions)
 	// Mochi retains its own $SYS topics alongside the clients' messages.
-	retained := c.server.Topics.Retained.Len() - len(c.server.Topics.Messages(mqtt.SysPrefix+"/#"))
-	gauge(c.retained, int64(max(retained, 0)))
+	// Count from a copy of the retained store, taken under its lock:
+	// Topics.Messages walks the topic tree without locks and raced with
+	// Mochi's own $SYS publishing (seen under -race in CI).
+	retained := 0
+	for topic := range c.server.Topics.Retained.GetAll() {
+		if !strings.HasPrefix(topic, mqtt.SysPrefix+"/") {
+			retained++
+		}
+	}
+	gauge(c.retained, int64(retained))
 	gauge(c.subscriptions, atomic.LoadInt64(&info.Subscriptions))
 }
