@@ -5,7 +5,7 @@ BIN       := bin
 PKGS      := ./...
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: run build test test-short lint fmt deps fuzz bench soak demo-multisite clean
+.PHONY: run build test test-short lint fmt deps fuzz bench soak demo-multisite clean bench-sites
 
 ## run: build and start luffymq with defaults (MQTT 127.0.0.1:1883, HTTP 127.0.0.1:8080, strategy adaptive)
 run: build
@@ -82,6 +82,16 @@ SOAK_ARGS ?=
 soak:
 	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench
 	./$(BIN)/luffy-bench soak --luffymq $(BIN)/luffymq --out $(SOAK_OUT) $(SOAK_ARGS)
+
+## bench-sites: scenario set C across sites (docs/scenarios.md §C): 4 real RabbitMQ nodes joined by delayed
+##   links, luffymq against queue/exchange federation full mesh, star, random placement, Cloud and
+##   Cloud-DIST, time scaled 10x (about 10 min on 2 cores; needs rabbitmq-server, which make deps installs).
+##   JSON, summary.md and PNGs into SITES_OUT. SITES_ARGS="--scenario ps-B --sites berlin,tunis" narrows it.
+SITES_OUT  ?= bench/results/sites
+SITES_ARGS ?=
+bench-sites: deps
+	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench ./cmd/luffy-controller
+	./$(BIN)/luffy-bench sites --luffymq $(BIN)/luffymq --luffy-controller $(BIN)/luffy-controller --out $(SITES_OUT) $(SITES_ARGS)
 
 ## demo-multisite: three sites (real RabbitMQ nodes + luffymq each) joined over emulated WAN links
 demo-multisite: deps

@@ -6,6 +6,7 @@
 //	luffy-bench throughput --repeat 3 --out bench/results
 //	luffy-bench reliability --out bench/results
 //	luffy-bench soak --duration 30m --out bench/results/soak
+//	luffy-bench sites --out bench/results/sites
 //	luffy-bench mochi-server --listen 127.0.0.1:1883
 //
 // Every broker runs as a process of its own; vanilla Mochi runs as this
@@ -14,6 +15,9 @@
 // luffymq, vanilla Mochi and Mosquitto in the same run. `soak` runs 2 000
 // connections in shared groups with churn for 30 min against luffymq and
 // records lost, duplicated, latency, RSS and goroutines over time.
+// `sites` runs scenario set C across sites on real RabbitMQ nodes joined
+// by delayed links: luffymq against RabbitMQ federation full mesh, star,
+// random placement and a central cloud broker.
 package main
 
 import (
@@ -32,6 +36,12 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == bench.ReliabilityCommand {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		code := bench.ReliabilityMain(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+	if len(os.Args) > 1 && os.Args[1] == bench.SitesCommand {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := bench.SitesMain(ctx, os.Args[2:], os.Stdout, os.Stderr)
 		stop()
 		os.Exit(code)
 	}
