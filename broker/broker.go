@@ -36,6 +36,7 @@ type Broker struct {
 	// topicRules enforces the '$' and $luffy/ topic rules and answers
 	// every ACL check, consulting the auth hook.
 	topicRules *hooks.TopicRulesHook
+	reconnect  *hooks.ReconnectOrderHook
 	tlsConfig  *tls.Config
 	// httpTLSConfig serves HTTP over TLS (nil: plain HTTP).
 	httpTLSConfig *tls.Config
@@ -117,6 +118,15 @@ func New(cfg Config) (*Broker, error) {
 		Capabilities: capabilities,
 		InlineClient: cfg.AMQPURL != "", // the bridge injects remote messages through it
 	})
+	// A client reconnecting while Mochi still tears down its previous
+	// connection waits for the teardown, before any hook sees it (see
+	// hooks.ReconnectOrderHook).
+	if b.reconnect, err = hooks.NewReconnectOrderHook(b.server.Clients, 0); err != nil {
+		return nil, err
+	}
+	if err := b.server.AddHook(b.reconnect, nil); err != nil {
+		return nil, fmt.Errorf("adding reconnect order hook: %w", err)
+	}
 	// The topic rules hook goes before every other: it keeps '$' topics
 	// from shared groups with a leading wildcard before any hook picks a
 	// member, and it alone answers ACL checks (Mochi allows what any hook

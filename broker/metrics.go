@@ -30,6 +30,7 @@ func (b *Broker) metricsCollectors() []prometheus.Collector {
 		newServerStateCollector(b.server, b.connections),
 		b.guard.Collector(),
 		hooks.NewTopicRulesCollector(b.topicRules),
+		hooks.NewReconnectOrderCollector(b.reconnect),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}

@@ -61,6 +61,10 @@ type Subscriber struct {
 	cm         *autopaho.ConnectionManager
 	subscribed chan struct{} // closed when every group was first subscribed
 	subOnce    sync.Once
+	// firstUp is closed when the first connection's OnConnectionUp
+	// callbacks (the Subscriber's and the application's) have returned.
+	firstUp     chan struct{}
+	firstUpOnce sync.Once
 	failure    error         // why the Subscriber stopped for good; nil if it did not
 	stopped    chan struct{} // closed when the Subscriber has stopped
 	stopOnce   sync.Once
@@ -162,6 +166,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		drain:      make(chan struct{}),
 		intake:     make(chan struct{}),
 		subscribed: make(chan struct{}),
+		firstUp:    make(chan struct{}),
 		stopped:    make(chan struct{}),
 	}
 	for i, gs := range cfg.groups {
@@ -189,8 +194,10 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 }
 
 // Start connects to the broker, subscribes and starts the workers. It
-// returns once every group's subscription is acknowledged, or with an error
-// if that fails or ctx ends first (the Subscriber is then closed). After
+// returns once every group's subscription is acknowledged and the
+// application's OnConnectionUp (if any) has returned for the first
+// connection, or with an error if that fails or ctx ends first (the
+// Subscriber is then closed). After
 // Start the Subscriber runs, reconnecting as needed, until Close or a
 // permanent failure (see Done).
 func (s *Subscriber) Start(ctx context.Context) error {
@@ -214,18 +221,20 @@ func (s *Subscriber) Start(ctx context.Context) error {
 	s.mu.Unlock()
 	go s.watch(cm)
 
-	select {
-	case <-s.subscribed:
-		return nil
-	case <-s.stopped:
-		if err := s.Err(); err != nil {
-			return err
+	for _, ready := range []<-chan struct{}{s.subscribed, s.firstUp} {
+		select {
+		case <-ready:
+		case <-s.stopped:
+			if err := s.Err(); err != nil {
+				return err
+			}
+			return errors.New("subscriber: closed while starting")
+		case <-ctx.Done():
+			s.stop(fmt.Errorf("subscriber: connecting to %s and subscribing: %w", s.servers(), ctx.Err()))
+			return s.Err()
 		}
-		return errors.New("subscriber: closed while starting")
-	case <-ctx.Done():
-		s.stop(fmt.Errorf("subscriber: connecting to %s and subscribing: %w", s.servers(), ctx.Err()))
-		return s.Err()
 	}
+	return nil
 }
 
 // Done returns a channel that is closed when the Subscriber has stopped for
@@ -454,6 +463,7 @@ func (s *Subscriber) clientConfig() autopaho.ClientConfig {
 		if appUp != nil {
 			appUp(cm, ca)
 		}
+		s.firstUpOnce.Do(func() { close(s.firstUp) })
 	}
 	cc.OnConnectionDown = func() bool {
 		if appDown != nil && !appDown() {

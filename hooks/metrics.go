@@ -331,3 +331,26 @@ func (h *ConnectionCounterHook) Provides(b byte) bool { return b == mqtt.OnSessi
 func (h *ConnectionCounterHook) OnSessionEstablished(*mqtt.Client, packets.Packet) {
 	h.Accepted.Add(1)
 }
+
+// ReconnectOrderCollector exports a ReconnectOrderHook's counters.
+type ReconnectOrderCollector struct {
+	hook  *ReconnectOrderHook
+	waits *prometheus.Desc
+}
+
+// NewReconnectOrderCollector returns a collector for hook's counters.
+func NewReconnectOrderCollector(hook *ReconnectOrderHook) *ReconnectOrderCollector {
+	return &ReconnectOrderCollector{hook: hook, waits: prometheus.NewDesc("luffymq_reconnect_teardown_waits_total",
+		"Connections that waited for the teardown of a previous connection with the same client ID, by outcome: done (the teardown finished) or timed_out (they went on after the bound).",
+		[]string{"outcome"}, nil)}
+}
+
+// Describe sends the descriptor.
+func (c *ReconnectOrderCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.waits }
+
+// Collect sends the current values.
+func (c *ReconnectOrderCollector) Collect(ch chan<- prometheus.Metric) {
+	waited, timedOut := c.hook.Waited.Load(), c.hook.TimedOut.Load()
+	ch <- prometheus.MustNewConstMetric(c.waits, prometheus.CounterValue, float64(waited-min(timedOut, waited)), "done")
+	ch <- prometheus.MustNewConstMetric(c.waits, prometheus.CounterValue, float64(timedOut), "timed_out")
+}
