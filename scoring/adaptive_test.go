@@ -606,6 +606,25 @@ func TestAdaptiveColdStartSpreadsByInFlight(t *testing.T) {
 	}
 }
 
+// TestAdaptiveColdStartWithoutEstimatesGoesRoundTheGroup: while nobody's
+// service time is known and no acknowledgement has come (paho.golang sends
+// manual acks every 50 ms), no member can be called overdue: the next
+// message goes to the one that has held its message longest, the most
+// likely to be free, not to the one sent to last.
+func TestAdaptiveColdStartWithoutEstimatesGoesRoundTheGroup(t *testing.T) {
+	f := newFixture(t, adaptive, "a", "b", "c")
+	var got []string
+	for i := 0; i < 6; i++ {
+		got = append(got, f.qos1Send())
+		f.advance(ms(10))
+	}
+	require.Equal(t, got[:3], got[3:], "the second round follows the first: %v", got)
+	require.ElementsMatch(t, []string{"a", "b", "c"}, got[:3])
+	for _, id := range []string{"a", "b", "c"} {
+		require.Equal(t, 2, f.member(id).InFlight, id)
+	}
+}
+
 // TestAdaptiveReportCannotBuyWork: whatever a QoS 1 member reports, it
 // gets no more work than its acknowledgements justify: one that never
 // acknowledges but reports near-zero processing time, or a billion

@@ -339,7 +339,7 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 	// unacknowledged message has run since the last completion (or since
 	// it was sent, if later). Running well past svc, the member is slower
 	// than thought, or stalled, whatever it reports.
-	if m.acksAreFinishes && m.inflight > 0 {
+	if m.acksAreFinishes && m.inflight > 0 && svc > 0 {
 		since := m.lastCompletion
 		if sent, ok := m.sends.oldest(); ok && sent > since {
 			since = sent

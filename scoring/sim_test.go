@@ -723,12 +723,15 @@ func TestSimulationPlainClients(t *testing.T) {
 				continue
 			}
 			if k.ackFlush > 0 {
-				// Acks up to 50 ms late: the first completions are seen
-				// late and the early backlog never drains at 100 %
-				// utilisation. Far better than without acks (round robin's
-				// 1.7 s), not within the 8 ms goal.
-				require.LessOrEqual(t, adaptive.mean, 20*time.Millisecond, name)
-				require.LessOrEqual(t, adaptive.p99, 50*time.Millisecond, name)
+				// Acks up to 50 ms late: the first service samples include
+				// the flush delay (50 and 80 ms for 25 and 50 ms members),
+				// so capacity is lost in the first 300 ms and, at 100 %
+				// utilisation, that backlog never drains. Far better than
+				// without acks (round robin's 1.7 s), not within the 8 ms
+				// goal (11.95 ms; 13.95 ms before overdue guesses needed a
+				// service estimate).
+				require.LessOrEqual(t, adaptive.mean, 13*time.Millisecond, name)
+				require.LessOrEqual(t, adaptive.p99, 30*time.Millisecond, name)
 				continue
 			}
 			require.LessOrEqual(t, adaptive.mean, 8*time.Millisecond, name)
