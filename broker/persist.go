@@ -31,6 +31,14 @@ import (
 //     the subscribers' copies. With --fsync each accepted publish is synced
 //     to disk before the publisher's PUBACK (its "done" record is not: a
 //     done record lost to a power cut only delivers the publish again).
+//     Concurrent publishers share their syncs (group commit): one fsync
+//     covers every record written before it began.
+//
+// Badger batches concurrent writes itself, one value-log write and one sync
+// per batch, so its SyncWrites is a group commit too. It stays on with
+// --fsync: a subscriber's in-flight copy must be on disk before the
+// journal's done record for the publish, which an unsynced write can reach
+// the disk ahead of.
 //
 // persistStoreDir and persistJournalDir name the two parts inside DataDir.
 const (

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"sync"
@@ -24,6 +25,11 @@ import (
 // and without --data-dir, on QoS 1 publish → deliver over loopback: four
 // publishers on one connection, each waiting for its PUBACK, and one QoS 1
 // subscriber that acknowledges on receipt. One op is one message delivered.
+//
+// Mochi handles one connection's packets one at a time, so with one
+// publishing connection the journal has at most one publish waiting for its
+// fsync and group commit cannot batch. The *-4conn cases give each of the
+// four publishers its own connection, which is where group commit helps.
 // Keep it small on a shared machine:
 //
 //	go test -run '^$' -bench BenchmarkPersistQoS1 -benchtime 2000x ./broker/
@@ -79,14 +85,32 @@ func BenchmarkPersistQoS1(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			addr := c.start(b)
-			benchQoS1PublishDeliver(b, addr)
+			benchQoS1PublishDeliver(b, addr, 1)
+		})
+	}
+	concurrent := []struct {
+		name  string
+		start func(b *testing.B) string
+	}{
+		{"luffymq-memory-4conn", luffymq(false, false)},
+		{"luffymq-data-dir-4conn", luffymq(true, false)},
+		{"luffymq-data-dir-fsync-4conn", luffymq(true, true)},
+	}
+	for _, c := range concurrent {
+		b.Run(c.name, func(b *testing.B) {
+			addr := c.start(b)
+			benchQoS1PublishDeliver(b, addr, benchPublishers)
 		})
 	}
 }
 
-// benchQoS1PublishDeliver publishes b.N QoS 1 messages to addr and waits
-// until the subscriber has them all.
-func benchQoS1PublishDeliver(b *testing.B, addr string) {
+// benchPublishers is how many publishers benchQoS1PublishDeliver runs.
+const benchPublishers = 4
+
+// benchQoS1PublishDeliver publishes b.N QoS 1 messages to addr from
+// benchPublishers publishers spread over connections connections (1 or
+// benchPublishers) and waits until the subscriber has them all.
+func benchQoS1PublishDeliver(b *testing.B, addr string, connections int) {
 	var delivered atomic.Int64
 	done := make(chan struct{})
 	n := int64(b.N)
@@ -100,14 +124,18 @@ func benchQoS1PublishDeliver(b *testing.B, addr string) {
 	_, err := sub.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: "bench/q", QoS: 1}}})
 	cancel()
 	require.NoError(b, err)
-	pub := benchPaho(b, addr, "bench-pub", nil)
+	pubs := make([]*paho.Client, connections)
+	for i := range pubs {
+		pubs[i] = benchPaho(b, addr, fmt.Sprintf("bench-pub-%d", i), nil)
+	}
 	payload := make([]byte, 64)
 
 	b.ResetTimer()
 	start := time.Now()
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range 4 {
+	for i := range benchPublishers {
+		pub := pubs[i%connections]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -32,6 +32,24 @@ import (
 // operating system's page cache and survives the process being killed; a
 // record torn by a power loss fails its checksum and ends the segment's
 // replay.
+//
+// With fsync, add returns only once a sync (fsync(2)) that began after the
+// record was written has succeeded, so the record is on disk before the
+// publisher's acknowledgement. Syncs are shared (group commit): records are
+// written under the journal's lock, then each adder waits; one of the
+// waiters, the leader, syncs without the lock every file holding unsynced
+// records, which covers every record written so far, and then releases every
+// waiter whose record that sync covered. Records written during a sync wait
+// for the next one, which one of them leads. There is no background
+// goroutine, so nothing is left running after Close.
+//
+// A failed sync is returned to every adder whose record it was to cover; their
+// publishes are refused and marked done. The segments it was syncing are
+// retired: the next record starts a new segment file. After a failed fsync
+// the kernel may have dropped the unsynced pages and a later fsync of the same
+// file can succeed without them, so a record written after them to the same
+// file could be acknowledged and still be unreadable at replay, behind a torn
+// record.
 
 // journalRecordAdd and journalRecordDone are the record kinds.
 const (
@@ -66,11 +84,33 @@ type journalEntry struct {
 
 // journalSegment is one segment file of a live journal.
 type journalSegment struct {
-	num  uint64
-	path string
+	num    uint64
+	path   string
+	f      *os.File
+	size   int64 // bytes written
+	synced int64 // bytes covered by a successful sync
+	open   int   // adds in this segment not yet done
+	// retired segments take no more records: a write or sync of it failed.
+	retired bool
+	// dropped segments have been closed and removed; a sync of one that
+	// was under way fails harmlessly.
+	dropped bool
+}
+
+// journalSyncWaiter is an add waiting for a sync to cover its record.
+type journalSyncWaiter struct {
+	end      uint64 // the journal's written offset just after the record
+	resolved bool
+	err      error
+}
+
+// journalSyncTarget is one file a group sync covers, with the segment it
+// belongs to (nil for the journal directory) and the size it had when the
+// sync began.
+type journalSyncTarget struct {
+	seg  *journalSegment
 	f    *os.File
 	size int64
-	open int // adds in this segment not yet done
 }
 
 // publishJournal is a write-ahead log of accepted QoS 1/2 publishes that
@@ -80,6 +120,9 @@ type publishJournal struct {
 	dir          string
 	segmentLimit int64
 	fsync        bool // sync each add to disk before add returns
+	// syncFile syncs one file to disk; (*os.File).Sync unless a test
+	// replaces it before the first add.
+	syncFile func(*os.File) error
 
 	mu        sync.Mutex
 	closed    bool
@@ -87,6 +130,16 @@ type publishJournal struct {
 	bySeq     map[uint64]*journalSegment
 	nextSeq   uint64
 	recovered []string // segment files from before this start, removed by forgetRecovered
+
+	// Group commit state (fsync only), guarded by mu.
+	synced      *sync.Cond           // signalled when a group sync ends
+	written     uint64               // bytes written to every segment of this run
+	syncing     bool                 // a leader is syncing without mu
+	dirDirty    bool                 // a segment was created since the directory was last synced
+	waiters     []*journalSyncWaiter // adds whose record no finished sync covered yet
+	syncCount   uint64               // group syncs finished, failed ones included
+	syncFailed  uint64               // group syncs that failed
+	syncedBytes uint64               // written offset the last successful sync covered
 }
 
 // openPublishJournal opens (creating if needed) the journal in dir, returns
@@ -104,7 +157,9 @@ func openPublishJournal(dir string, segmentLimit int64, fsync bool) (*publishJou
 	if err != nil {
 		return nil, nil, err
 	}
-	j := &publishJournal{dir: dir, segmentLimit: segmentLimit, fsync: fsync, bySeq: map[uint64]*journalSegment{}}
+	j := &publishJournal{dir: dir, segmentLimit: segmentLimit, fsync: fsync, bySeq: map[uint64]*journalSegment{},
+		syncFile: (*os.File).Sync}
+	j.synced = sync.NewCond(&j.mu)
 	added := map[uint64]storage.Message{}
 	var maxSeq uint64
 	for _, n := range nums {
@@ -206,6 +261,10 @@ func (j *publishJournal) startSegment(n uint64) error {
 		return fmt.Errorf("publish journal: %w", err)
 	}
 	j.segs = append(j.segs, &journalSegment{num: n, path: path, f: f})
+	// The new file's directory entry must reach the disk too before a
+	// record in it is acknowledged: the next group sync syncs the
+	// directory.
+	j.dirDirty = j.fsync
 	return nil
 }
 
@@ -222,31 +281,201 @@ func encodeJournalRecord(kind byte, seq uint64, data []byte) []byte {
 }
 
 // add records msg and returns its sequence number. When add returns, the
-// record has been handed to the operating system.
+// record has been handed to the operating system and, with fsync, a sync
+// that covers it has succeeded.
 func (j *publishJournal) add(msg *storage.Message) (uint64, error) {
+	seq, _, err := j.addRecord(msg)
+	return seq, err
+}
+
+// journalRecordPosition is where a record was written: the segment file
+// and the file's size just after the record.
+type journalRecordPosition struct {
+	path string
+	end  int64
+}
+
+// addRecord is add that also says where the record was written.
+func (j *publishJournal) addRecord(msg *storage.Message) (uint64, journalRecordPosition, error) {
 	data, err := msg.MarshalBinary()
 	if err != nil {
-		return 0, fmt.Errorf("publish journal: encoding message: %w", err)
+		return 0, journalRecordPosition{}, fmt.Errorf("publish journal: encoding message: %w", err)
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
-		return 0, errJournalClosed
+		return 0, journalRecordPosition{}, errJournalClosed
 	}
 	seq := j.nextSeq
 	seg, err := j.appendLocked(encodeJournalRecord(journalRecordAdd, seq, data))
 	if err != nil {
-		return 0, err
-	}
-	if j.fsync {
-		if err := seg.f.Sync(); err != nil {
-			return 0, fmt.Errorf("publish journal: %w", err)
-		}
+		return 0, journalRecordPosition{}, err
 	}
 	j.nextSeq++
 	seg.open++
 	j.bySeq[seq] = seg
-	return seq, nil
+	pos := journalRecordPosition{path: seg.path, end: seg.size}
+	if j.fsync {
+		if err := j.awaitSyncLocked(j.written); err != nil {
+			j.abandonLocked(seq)
+			return 0, journalRecordPosition{}, err
+		}
+	}
+	return seq, pos, nil
+}
+
+// awaitSyncLocked returns once a group sync has covered the journal up to
+// written offset end, leading one when no other adder is. It returns the
+// error of the sync that covered end if that failed. Callers hold j.mu; it
+// is released while syncing and while waiting.
+func (j *publishJournal) awaitSyncLocked(end uint64) error {
+	w := &journalSyncWaiter{end: end}
+	j.waiters = append(j.waiters, w)
+	for !w.resolved {
+		if j.syncing || j.closed {
+			// The leader, or Close, resolves w or signals so that a
+			// waiter leads the next sync.
+			j.synced.Wait()
+			continue
+		}
+		j.syncing = true
+		targets, covered := j.syncTargetsLocked()
+		j.mu.Unlock()
+		errs := j.syncTargets(targets)
+		j.mu.Lock()
+		j.syncing = false
+		j.finishSyncLocked(targets, covered, errs)
+		j.synced.Broadcast()
+	}
+	return w.err
+}
+
+// syncTargetsLocked lists what a group sync starting now must sync: every
+// segment with unsynced bytes, oldest first, and the directory when a
+// segment was created since its last sync. covered is the written offset
+// at this moment: the sync covers every record that ends at or before it.
+func (j *publishJournal) syncTargetsLocked() (targets []journalSyncTarget, covered uint64) {
+	for _, seg := range j.segs {
+		if seg.size > seg.synced {
+			targets = append(targets, journalSyncTarget{seg: seg, f: seg.f, size: seg.size})
+		}
+	}
+	if j.dirDirty {
+		targets = append(targets, journalSyncTarget{})
+		j.dirDirty = false
+	}
+	return targets, j.written
+}
+
+// syncTargets syncs targets (a target without a segment is the journal
+// directory) and returns each one's error, in the same order.
+func (j *publishJournal) syncTargets(targets []journalSyncTarget) []error {
+	errs := make([]error, len(targets))
+	for i, t := range targets {
+		if t.seg == nil {
+			errs[i] = j.syncDir()
+			continue
+		}
+		if err := j.syncFile(t.f); err != nil {
+			errs[i] = fmt.Errorf("syncing %s: %w", t.seg.path, err)
+		}
+	}
+	return errs
+}
+
+// syncDir syncs the journal directory, so the entries of new segment files
+// are on disk.
+func (j *publishJournal) syncDir() error {
+	d, err := os.Open(j.dir)
+	if err != nil {
+		return fmt.Errorf("syncing directory %s: %w", j.dir, err)
+	}
+	err = j.syncFile(d)
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("syncing directory %s: %w", j.dir, err)
+	}
+	return nil
+}
+
+// finishSyncLocked records the outcome of a group sync of targets (errs
+// holds each one's error) that covered the journal up to written offset
+// covered, and resolves the waiters whose record it covered: with nil, or
+// with the sync's error if any target failed. A failed segment is retired
+// and not synced again (its waiters have their error); a failed directory
+// sync retires the segment being written, whose directory entry may be
+// lost. A segment dropped during the sync (every add in it done) need not
+// reach the disk, so its error is ignored. Callers hold j.mu.
+func (j *publishJournal) finishSyncLocked(targets []journalSyncTarget, covered uint64, errs []error) {
+	var failed []error
+	for i, t := range targets {
+		if t.seg != nil {
+			t.seg.synced = max(t.seg.synced, t.size)
+		}
+		if errs[i] == nil || (t.seg != nil && t.seg.dropped) {
+			continue
+		}
+		failed = append(failed, errs[i])
+		if t.seg != nil {
+			t.seg.retired = true
+		} else {
+			j.segs[len(j.segs)-1].retired = true
+		}
+	}
+	j.syncCount++
+	var err error
+	if len(failed) > 0 {
+		j.syncFailed++
+		err = fmt.Errorf("publish journal: %w", errors.Join(failed...))
+	} else {
+		j.syncedBytes = covered
+	}
+	kept := j.waiters[:0]
+	for _, w := range j.waiters {
+		if w.end <= covered {
+			w.resolved, w.err = true, err
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	clear(j.waiters[len(kept):])
+	j.waiters = kept
+}
+
+// abandonLocked forgets the add seq whose sync failed: the publish is
+// refused, so it must not be published again at the next start. Its done
+// record is written best effort (the file it goes to may fail too; the
+// publish is then published again after a restart, a duplicate the
+// publisher was told was refused). Callers hold j.mu.
+func (j *publishJournal) abandonLocked(seq uint64) {
+	seg, ok := j.bySeq[seq]
+	if !ok {
+		return
+	}
+	delete(j.bySeq, seq)
+	seg.open--
+	if j.closed {
+		return
+	}
+	_, _ = j.appendLocked(encodeJournalRecord(journalRecordDone, seq, nil))
+	j.dropFinishedLocked()
+}
+
+// journalSyncStats are counts of the group syncs of a journal.
+type journalSyncStats struct {
+	Syncs       uint64 // group syncs finished, failed ones included
+	Failed      uint64 // group syncs that failed
+	SyncedBytes uint64 // written offset the last successful sync covered
+	Written     uint64 // bytes written in this run
+}
+
+// syncStats returns the journal's group sync counts.
+func (j *publishJournal) syncStats() journalSyncStats {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return journalSyncStats{Syncs: j.syncCount, Failed: j.syncFailed, SyncedBytes: j.syncedBytes, Written: j.written}
 }
 
 // done forgets the publish with sequence number seq.
@@ -270,10 +499,12 @@ func (j *publishJournal) done(seq uint64) error {
 }
 
 // appendLocked writes rec to the current segment, starting a new one when
-// it is full, and returns the segment written.
+// it is full or retired, and returns the segment written. A failed write
+// retires the segment: a partly written record would end its replay, hiding
+// the records written after it.
 func (j *publishJournal) appendLocked(rec []byte) (*journalSegment, error) {
 	seg := j.segs[len(j.segs)-1]
-	if seg.size >= j.segmentLimit {
+	if seg.size >= j.segmentLimit || seg.retired {
 		if err := j.startSegment(seg.num + 1); err != nil {
 			return nil, err
 		}
@@ -281,7 +512,9 @@ func (j *publishJournal) appendLocked(rec []byte) (*journalSegment, error) {
 	}
 	n, err := seg.f.Write(rec)
 	seg.size += int64(n)
+	j.written += uint64(n)
 	if err != nil {
+		seg.retired = true
 		return nil, fmt.Errorf("publish journal: %w", err)
 	}
 	return seg, nil
@@ -293,6 +526,7 @@ func (j *publishJournal) appendLocked(rec []byte) (*journalSegment, error) {
 func (j *publishJournal) dropFinishedLocked() {
 	for len(j.segs) > 1 && j.segs[0].open == 0 {
 		seg := j.segs[0]
+		seg.dropped = true
 		_ = seg.f.Close()
 		_ = os.Remove(seg.path)
 		j.segs = j.segs[1:]
@@ -323,7 +557,8 @@ func (j *publishJournal) pendingCount() int {
 	return len(j.bySeq)
 }
 
-// Close closes the segment files; later writes fail.
+// Close closes the segment files; later writes fail. With fsync, adds still
+// waiting for a sync are first synced (or given the sync's error).
 func (j *publishJournal) Close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -331,6 +566,14 @@ func (j *publishJournal) Close() error {
 		return nil
 	}
 	j.closed = true
+	for j.syncing {
+		j.synced.Wait()
+	}
+	if len(j.waiters) > 0 {
+		targets, covered := j.syncTargetsLocked()
+		j.finishSyncLocked(targets, covered, j.syncTargets(targets))
+		j.synced.Broadcast()
+	}
 	var errs []error
 	for _, seg := range j.segs {
 		errs = append(errs, seg.f.Close())
