@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
 
@@ -52,6 +53,15 @@ type SitesConfig struct {
 	Window time.Duration `json:"window_ns"`
 	// Seed makes workloads and random placement reproducible.
 	Seed uint64 `json:"seed"`
+	// WQTTLPerMember, WQMaxLengthPerMember, WQUnackedPerMember and
+	// WQRetuneInterval are given to every luffymq (--wq-ttl-per-member,
+	// --wq-max-length-per-member, --wq-unacked-per-member,
+	// --wq-retune-interval). Zero takes the binary's default, the TTL
+	// divided by the time scale (ScaledWQ).
+	WQTTLPerMember       time.Duration `json:"wq_ttl_per_member_ns"`
+	WQMaxLengthPerMember int           `json:"wq_max_length_per_member"`
+	WQUnackedPerMember   int           `json:"wq_unacked_per_member"`
+	WQRetuneInterval     time.Duration `json:"wq_retune_interval_ns"`
 	// LuffyMQ is the luffymq binary ("" builds ./cmd/luffymq).
 	LuffyMQ string `json:"-"`
 	// Controller is the luffy-controller binary of the reconfig runs (""
@@ -81,6 +91,94 @@ func DefaultSitesConfig() SitesConfig {
 		Window:           500 * time.Millisecond,
 		Seed:             1,
 	}
+}
+
+// timeFactor is how many times faster than the thesis's the run goes: its
+// 1 s service time over ServiceTime.
+func (c SitesConfig) timeFactor() float64 { return float64(time.Second) / float64(c.ServiceTime) }
+
+// ScaledWQ returns c with every zero work-queue constant set to luffymq's
+// default (bridge.Default…), the TTL per member divided by the time scale
+// (to the millisecond): it is the time a message waits at its site,
+// measured in service times. Counts are not scaled: at ten times the rate
+// and a tenth of the wait a queue holds as many messages. Nor is the
+// retune interval: each retune rewrites the work queue's policy and the
+// consistent-hash weights, which federation carries to the other sites
+// over WAN links whose delays are not scaled (round trips up to 240 ms),
+// and retuning every 100 ms to 500 ms made luffymq slower than every 1 s
+// in trial runs of wq-balanced (see the README's across-sites section).
+func (c SitesConfig) ScaledWQ() SitesConfig {
+	scaled := func(d time.Duration) time.Duration {
+		if c.ServiceTime <= 0 {
+			return d
+		}
+		return max(time.Duration(float64(d)/c.timeFactor()).Round(time.Millisecond), time.Millisecond)
+	}
+	if c.WQTTLPerMember == 0 {
+		c.WQTTLPerMember = scaled(bridge.DefaultTTLPerMember)
+	}
+	if c.WQRetuneInterval == 0 {
+		c.WQRetuneInterval = bridge.DefaultRetuneInterval
+	}
+	if c.WQMaxLengthPerMember == 0 {
+		c.WQMaxLengthPerMember = bridge.DefaultMaxLengthPerMember
+	}
+	if c.WQUnackedPerMember == 0 {
+		c.WQUnackedPerMember = bridge.DefaultUnackedPerMember
+	}
+	return c
+}
+
+// luffyMQWQFlags are the flags that give every luffymq the run's
+// work-queue constants.
+func (c SitesConfig) luffyMQWQFlags() []string {
+	c = c.ScaledWQ()
+	return []string{
+		flagWQTTL, c.WQTTLPerMember.String(),
+		flagWQMaxLength, strconv.Itoa(c.WQMaxLengthPerMember),
+		flagWQUnacked, strconv.Itoa(c.WQUnackedPerMember),
+		flagWQRetune, c.WQRetuneInterval.String(),
+	}
+}
+
+// luffymq's work-queue flags.
+const (
+	flagWQTTL       = "--wq-ttl-per-member"
+	flagWQMaxLength = "--wq-max-length-per-member"
+	flagWQUnacked   = "--wq-unacked-per-member"
+	flagWQRetune    = "--wq-retune-interval"
+)
+
+// errWQFlagsUnsupported reports a luffymq binary without the work-queue
+// flags.
+func errWQFlagsUnsupported(bin string) error {
+	var missing []string
+	for f, ok := range luffyMQFlags(bin, flagWQTTL, flagWQMaxLength, flagWQUnacked, flagWQRetune) {
+		if !ok {
+			missing = append(missing, f)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	slices.Sort(missing)
+	return fmt.Errorf("--luffymq %s lacks %s: the run gives every broker its time-scaled work-queue constants; build luffymq from this tree", bin, strings.Join(missing, ", "))
+}
+
+// describeWQ states the work-queue constants given to luffymq.
+func (c SitesConfig) describeWQ() string {
+	c = c.ScaledWQ()
+	return fmt.Sprintf("luffymq's work queues get wq TTL per member %s at %s× scale (default %s), retune interval %s (default %s), max length %d and unacked %d per member",
+		fmtFlagDur(c.WQTTLPerMember), trimFloat(c.timeFactor()), fmtFlagDur(bridge.DefaultTTLPerMember), fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval),
+		c.WQMaxLengthPerMember, c.WQUnackedPerMember)
+}
+
+// fmtFlagDur writes a duration in ms below a second ("50 ms"), else in s.
+func fmtFlagDur(d time.Duration) string {
+	if d < time.Second {
+		return trimFloat(float64(d)/float64(time.Millisecond)) + " ms"
+	}
+	return trimFloat(d.Seconds()) + " s"
 }
 
 // validate checks the configuration's bounds.
@@ -138,14 +236,21 @@ func (c SitesConfig) validate() error {
 	if c.DrainTimeout <= 0 || c.Window <= 0 {
 		return errors.New("--drain-timeout and --window must be positive")
 	}
+	wq := c.ScaledWQ()
+	if wq.WQTTLPerMember < time.Millisecond || wq.WQRetuneInterval < bridge.MinRetuneInterval {
+		return fmt.Errorf("%s %s, %s %s: want 1ms or more and %s or more", flagWQTTL, wq.WQTTLPerMember, flagWQRetune, wq.WQRetuneInterval, bridge.MinRetuneInterval)
+	}
+	if wq.WQMaxLengthPerMember < 0 || wq.WQUnackedPerMember < 0 {
+		return fmt.Errorf("%s %d, %s %d: want positive counts (0: luffymq's default)", flagWQMaxLength, wq.WQMaxLengthPerMember, flagWQUnacked, wq.WQUnackedPerMember)
+	}
 	return nil
 }
 
 // TimeScale states how the run's time relates to the thesis's.
 func (c SitesConfig) TimeScale() string {
 	f := float64(time.Second) / float64(c.ServiceTime)
-	return fmt.Sprintf("time scaled %s× down from the thesis: consumers take %s per message instead of 1 s, producers send %s msg/s instead of %s, the reconfiguration period is %s instead of 30 s (benchmark setting of issue 8; the thesis used 2 min); network delays are not scaled (one-way delays of scenarios.md §C)",
-		trimFloat(f), c.ServiceTime, trimFloat(c.ProducerRate), trimFloat(c.ProducerRate/f), c.ReconfigPeriod)
+	return fmt.Sprintf("time scaled %s× down from the thesis: consumers take %s per message instead of 1 s, producers send %s msg/s instead of %s, the reconfiguration period is %s instead of 30 s (benchmark setting of issue 8; the thesis used 2 min), %s; network delays are not scaled (one-way delays of scenarios.md §C)",
+		trimFloat(f), c.ServiceTime, trimFloat(c.ProducerRate), trimFloat(c.ProducerRate/f), c.ReconfigPeriod, c.describeWQ())
 }
 
 // SiteOverlay is one site's overlay traffic during a run's measurement.
@@ -271,6 +376,7 @@ func (c SitesConfig) sitesRunsFor(scenario string) []string {
 // RunSites runs set C and writes sites.json, summary.md and the plots into
 // cfg.Out.
 func RunSites(ctx context.Context, cfg SitesConfig) error {
+	cfg = cfg.ScaledWQ()
 	if err := cfg.validate(); err != nil {
 		return err
 	}
@@ -291,6 +397,9 @@ func RunSites(ctx context.Context, cfg SitesConfig) error {
 	defer cleanup()
 	if _, err := os.Stat(bin); err != nil {
 		return fmt.Errorf("--luffymq %s: %w", bin, err)
+	}
+	if err := errWQFlagsUnsupported(bin); err != nil {
+		return err
 	}
 	if slices.Contains(cfg.Scenarios, SitesReconfig) && len(cfg.sitesRunsFor(SitesReconfig)) > 0 {
 		ctl, cleanup, err := controllerBinary(ctx, cfg.Controller, cfg.Progress)
@@ -336,7 +445,8 @@ func RunSites(ctx context.Context, cfg SitesConfig) error {
 		return err
 	}
 	defer env.Close()
-	fmt.Fprintf(cfg.Progress, "nodes up in %s\n", fmtDur(time.Since(began)))
+	env.brokerFlags = cfg.luffyMQWQFlags()
+	fmt.Fprintf(cfg.Progress, "nodes up in %s; %s (%s)\n", fmtDur(time.Since(began)), cfg.describeWQ(), strings.Join(env.brokerFlags, " "))
 	r := &sitesRunner{cfg: cfg, env: env, delays: delayMatrix(cfg.Sites, rabbitharness.CityDelay), progress: cfg.Progress}
 	type job struct{ scenario, arch string }
 	var jobs []job
@@ -389,9 +499,23 @@ func sitesNotes(cfg SitesConfig) []string {
 		fmt.Sprintf("reconfig runs the real control plane: luffy-controller (the binary, --period %s, --lambda %s, placement.Improved) reads every node's management API and publishes each site's configuration message to luffymq.config.<site> when the plan changes; each luffymq's site agent (--federation-max-hops 2) applies it, adding the new links before removing the old ones, and the old upstream's agent re-publishes what a removed link held (luffymq-conserve) or deletes it (luffymq-discard, --federation-discard-held). luffy-bench sends the first configuration (placement.Improved on the first phase's traffic) through the same queues; the controller stops when publishing ends.", cfg.ReconfigPeriod, trimFloat(cfg.Lambda)),
 		"Plain-RabbitMQ baselines (queue-federation, cloud, cloud-dist) use AMQP 0-9-1 clients (amqp091-go) directly, not MQTT: RabbitMQ's MQTT plugin is not among the plugins the harness enables, and AMQP is RabbitMQ's native path. Publishers use publisher confirms and persistent messages, as the luffymq bridge does towards RabbitMQ.",
 		"Latency = receipt time (pub/sub) or start of processing (work queue) − send time, both read on this machine's clock. Lost = accepted by the broker (PUBACK or confirm) and never received by a subscriber owed it (pub/sub: every subscriber of the exchange, all subscribed before measuring starts) or never processed (work queue). Before measuring, every producer sends warm-up messages until every subscriber owed them has one (work queue: until someone processed one).",
-		"luffymq's work-queue constants are the binary's defaults, not time-scaled (it has no flags for them): eq. 2.12's C is 500 ms of TTL and 3000 messages of max length per available member, retuned every second, so a message may wait 0.5 s per idle member at its site before it overflows — " + fmt.Sprintf("%.0f", (500*time.Millisecond).Seconds()/cfg.ServiceTime.Seconds()) + " service times here, half of one in the thesis.",
+		wqNote(cfg),
 		"Overlay messages per site: messages the site's RabbitMQ delivered over federation links it is the upstream of (channel statistics of the federation connections, read every second); for the cloud, client messages that crossed the WAN from that site. Overlay bytes: every byte through the site's WAN links in each direction.",
 	}
+}
+
+// wqNote is the note on luffymq's work-queue constants.
+func wqNote(cfg SitesConfig) string {
+	c := cfg.ScaledWQ()
+	note := fmt.Sprintf("Every luffymq gets %s. Eq. 2.12's C for the TTL is time-scaled like the workload: %s per available member (the binary's default is %s), so a message may wait %s per idle member at its site before it overflows, %s service times, as the default does at the thesis's 1 s. The max length (%d per available member) and the unacknowledged messages per member (%d) are counts, which time scaling leaves unchanged.",
+		strings.Join(cfg.luffyMQWQFlags(), " "), fmtFlagDur(c.WQTTLPerMember), fmtFlagDur(bridge.DefaultTTLPerMember), fmtFlagDur(c.WQTTLPerMember),
+		trimFloat(c.WQTTLPerMember.Seconds()/c.ServiceTime.Seconds()), c.WQMaxLengthPerMember, c.WQUnackedPerMember)
+	if c.WQRetuneInterval == bridge.DefaultRetuneInterval {
+		note += fmt.Sprintf(" The retune interval stays the default %s: each retune rewrites the queue's policy and consistent-hash weights, which federation carries over WAN links whose delays are not scaled.", fmtFlagDur(c.WQRetuneInterval))
+	} else {
+		note += fmt.Sprintf(" The policy and weights are retuned every %s (the default is %s).", fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval))
+	}
+	return note
 }
 
 // sitesCommand parses `luffy-bench sites` flags and runs it.
@@ -416,6 +540,10 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	drain := fs.Duration("drain-timeout", d.DrainTimeout, "longest wait for the last messages of a run")
 	window := fs.Duration("window", d.Window, "width of the latency-over-time windows")
 	seed := fs.String("seed", strconv.FormatUint(d.Seed, 10), "seed of the workloads and of random placement")
+	wqTTL := fs.Duration("wq-ttl-per-member", 0, "luffymq's "+flagWQTTL+" (0: its default "+bridge.DefaultTTLPerMember.String()+" divided by the time scale)")
+	wqMaxLength := fs.Int("wq-max-length-per-member", 0, fmt.Sprintf("luffymq's %s (0: its default, %d)", flagWQMaxLength, bridge.DefaultMaxLengthPerMember))
+	wqUnacked := fs.Int("wq-unacked-per-member", 0, fmt.Sprintf("luffymq's %s (0: its default, %d)", flagWQUnacked, bridge.DefaultUnackedPerMember))
+	wqRetune := fs.Duration("wq-retune-interval", 0, "luffymq's "+flagWQRetune+" (0: its default, "+bridge.DefaultRetuneInterval.String()+", not scaled)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -432,6 +560,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	cfg.ServiceTime, cfg.ProducerRate, cfg.ConsumersPerSite = *service, *rate, *consumers
 	cfg.WQDuration, cfg.PSDuration, cfg.PhaseDuration, cfg.ReconfigPeriod = *wqDur, *psDur, *phase, *period
 	cfg.Lambda, cfg.DrainTimeout, cfg.Window, cfg.Seed = *lambda, *drain, *window, sd
+	cfg.WQTTLPerMember, cfg.WQMaxLengthPerMember, cfg.WQUnackedPerMember, cfg.WQRetuneInterval = *wqTTL, *wqMaxLength, *wqUnacked, *wqRetune
 	return RunSites(ctx, cfg)
 }
 

@@ -32,6 +32,9 @@ type sitesEnv struct {
 	luffymq string
 	logDir  string
 	delay   func(a, b string) time.Duration
+	// brokerFlags are given to every luffymq (the run's work-queue
+	// constants).
+	brokerFlags []string
 
 	mu    sync.Mutex
 	links map[[2]string]*countingLink
@@ -647,6 +650,7 @@ func (e *sitesEnv) startSiteBroker(ctx context.Context, site, logName string, ex
 	p, err := startProcess(ctx, e.luffymq, filepath.Join(e.logDir, logName+"."+site+".broker.log"), func(addr string) ([]string, error) {
 		args := []string{"--listen", addr, "--http", "", "--log-level", brokerLogLevel(),
 			"--amqp-url", n.AMQPURL(), "--amqp-management-url", n.ManagementURL(), "--site", site}
+		args = append(args, e.brokerFlags...)
 		return append(args, extra...), nil
 	})
 	if err != nil {

@@ -46,6 +46,8 @@ func TestSitesSmoke(t *testing.T) {
 	require.NoError(t, err)
 	var res SitesResults
 	require.NoError(t, json.Unmarshal(data, &res))
+	require.Equal(t, 50*time.Millisecond, res.Config.WQTTLPerMember, "luffymq's work-queue TTL per member, time-scaled")
+	require.Equal(t, time.Second, res.Config.WQRetuneInterval)
 	oneWay := ms(rabbitharness.CityDelay("berlin", "tunis")) // the shortest link
 	seen := map[string]bool{}
 	for _, sc := range cfg.Scenarios {

@@ -356,6 +356,40 @@ func TestSitesConfigValidation(t *testing.T) {
 	require.Contains(t, c.TimeScale(), "100ms per message instead of 1 s")
 	require.Contains(t, c.TimeScale(), "10 msg/s instead of 1")
 	require.Equal(t, []string{ArchLuffyMQ, ArchCloud}, SitesConfig{Architectures: []string{ArchCloud, ArchLuffyMQ}}.sitesRunsFor(SitesPSB))
+
+	// luffymq's work-queue constants: the TTL divided by the time scale,
+	// counts and the retune interval kept; stated in the time scale and
+	// the notes.
+	wq := c.ScaledWQ()
+	require.Equal(t, 50*time.Millisecond, wq.WQTTLPerMember)
+	require.Equal(t, time.Second, wq.WQRetuneInterval)
+	require.Equal(t, 3000, wq.WQMaxLengthPerMember)
+	require.Equal(t, 2, wq.WQUnackedPerMember)
+	require.Equal(t, []string{"--wq-ttl-per-member", "50ms", "--wq-max-length-per-member", "3000", "--wq-unacked-per-member", "2", "--wq-retune-interval", "1s"}, c.luffyMQWQFlags())
+	require.Contains(t, c.TimeScale(), "wq TTL per member 50 ms at 10× scale (default 500 ms), retune interval 1 s (default 1 s), max length 3000 and unacked 2 per member")
+	require.Contains(t, wqNote(c), "--wq-ttl-per-member 50ms")
+	require.Contains(t, wqNote(c), "The retune interval stays the default 1 s")
+	slow := c
+	slow.ServiceTime = time.Second
+	require.Equal(t, 500*time.Millisecond, slow.ScaledWQ().WQTTLPerMember, "the thesis's time: the defaults")
+	require.Equal(t, time.Second, slow.ScaledWQ().WQRetuneInterval)
+	fast := c
+	fast.ServiceTime = 10 * time.Millisecond
+	require.Equal(t, 5*time.Millisecond, fast.ScaledWQ().WQTTLPerMember)
+	given := c
+	given.WQTTLPerMember, given.WQUnackedPerMember, given.WQRetuneInterval = 80*time.Millisecond, 1, 100*time.Millisecond
+	require.Equal(t, []string{"--wq-ttl-per-member", "80ms", "--wq-max-length-per-member", "3000", "--wq-unacked-per-member", "1", "--wq-retune-interval", "100ms"}, given.luffyMQWQFlags())
+	require.Contains(t, wqNote(given), "retuned every 100 ms (the default is 1 s)")
+	for _, bad := range []func(*SitesConfig){
+		func(c *SitesConfig) { c.WQTTLPerMember = 500 * time.Microsecond },
+		func(c *SitesConfig) { c.WQRetuneInterval = 5 * time.Millisecond },
+		func(c *SitesConfig) { c.WQMaxLengthPerMember = -1 },
+		func(c *SitesConfig) { c.WQUnackedPerMember = -1 },
+	} {
+		cc := c
+		bad(&cc)
+		require.ErrorContains(t, cc.validate(), "--wq-")
+	}
 }
 
 // sitesFixture is a small, hand-made result set.
@@ -466,6 +500,23 @@ func TestSitesLuffyMQFlagDetection(t *testing.T) {
 	err := errReconfigUnsupported(bin)
 	require.ErrorContains(t, err, flagMaxHops)
 	require.NotContains(t, err.Error(), flagDiscardHeld)
+}
+
+// TestSitesLuffyMQWQFlagsRequired: a luffymq binary without the --wq-*
+// flags is refused before anything starts.
+func TestSitesLuffyMQWQFlagsRequired(t *testing.T) {
+	dir := t.TempDir()
+	fake := func(name, help string) string {
+		bin := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\ncat <<'X'\n"+help+"X\n"), 0o755))
+		return bin
+	}
+	old := fake("old-luffymq", "Usage: luffymq [flags]\n  -site string\n  -wq-ttl-per-member duration\n")
+	err := errWQFlagsUnsupported(old)
+	require.ErrorContains(t, err, "--wq-max-length-per-member, --wq-retune-interval, --wq-unacked-per-member")
+	require.NotContains(t, err.Error(), "--wq-ttl-per-member,")
+	current := fake("luffymq", "  -wq-max-length-per-member int\n  -wq-retune-interval duration\n  -wq-ttl-per-member duration\n  -wq-unacked-per-member int\n")
+	require.NoError(t, errWQFlagsUnsupported(current))
 }
 
 func TestSitesDescribeTimes(t *testing.T) {

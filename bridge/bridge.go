@@ -155,6 +155,13 @@
 //     stopped broker's share expires from the sum. Letting every broker
 //     retune from its own members instead would make the policy flap
 //     between the brokers' values and corrupt the hash ring.
+//   - Site agent: each broker's event agent has its own event queue. The
+//     configuration queue has one active consumer, the first broker's
+//     configuration agent (exclusive, so configurations apply one at a
+//     time and in order); the others stand by, saying so once at INFO,
+//     and look again every 250 ms to 2 s. When the active broker stops,
+//     its consumer and unacknowledged message go back to RabbitMQ and a
+//     standby agent takes over within about 2 s.
 //
 // A shared group that is not exported with ExportGroups gets pub/sub
 // messages at each broker where it has members, as it does at each site.

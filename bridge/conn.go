@@ -210,19 +210,24 @@ func (b *Bridge) workQueueLoops(conn *amqp.Connection) ([]func(context.Context) 
 		}
 	}
 	// The site agent: its failures are logged, never fatal to the bridge.
-	agent := func(name string, run func(context.Context, *amqp.Channel) error) func(context.Context) error {
+	agent := func(name string, run func(context.Context) error) func(context.Context) error {
 		return func(c context.Context) error {
-			ch, err := conn.Channel()
-			if err == nil {
-				err = run(c, ch)
-			}
-			if err != nil && c.Err() == nil {
+			if err := run(c); err != nil && c.Err() == nil {
 				b.log.Error("bridge: site agent stopped until the next connection", "agent", name, "error", err)
 			}
 			return nil
 		}
 	}
-	loops = append(loops, agent("config", b.configLoop), agent("events", b.eventLoop))
+	events := func(c context.Context) error {
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		return b.eventLoop(c, ch)
+	}
+	// The configuration agent opens its own channels: it may stand by.
+	config := func(c context.Context) error { return b.configLoop(c, conn) }
+	loops = append(loops, agent("config", config), agent("events", events))
 	return loops, nil
 }
 

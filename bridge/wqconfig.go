@@ -50,8 +50,28 @@ type LoadSource interface {
 	Snapshot() []scoring.GroupSnapshot
 }
 
+// Defaults of WorkQueueConfig's eq. 2.12 constants and pull and retune
+// rates, the values of luffymq's --wq-* flags when not given.
+const (
+	// DefaultMaxLengthPerMember is eq. 2.12's C for the max length.
+	DefaultMaxLengthPerMember = 3000
+	// DefaultTTLPerMember is eq. 2.12's C for the message TTL: how long a
+	// message may wait in wq.<g> per available member before it leaves
+	// for the dead-letter exchange (and possibly another site).
+	DefaultTTLPerMember = 500 * time.Millisecond
+	// DefaultUnackedPerMember bounds the messages taken and not yet
+	// acknowledged per online member.
+	DefaultUnackedPerMember = 2
+	// DefaultRetuneInterval is how often the policy and weights are
+	// recomputed.
+	DefaultRetuneInterval = time.Second
+	// MinRetuneInterval is the shortest RetuneInterval accepted: each
+	// retune reads the queues' depths and may call the management API.
+	MinRetuneInterval = 10 * time.Millisecond
+)
+
 // WorkQueueConfig tunes work queues and the site agent. The zero value of
-// an optional field takes the default shown.
+// an optional field takes the default shown; a negative one is refused.
 type WorkQueueConfig struct {
 	// ManagementURL is the site node's management API
 	// (http://127.0.0.1:15672). Required with export groups; when set
@@ -103,22 +123,42 @@ func (c WorkQueueConfig) withDefaults(amqpURL string, groups bool) (WorkQueueCon
 			c.Username, c.Password = "guest", "guest"
 		}
 	}
-	if c.MaxLengthPerMember <= 0 {
-		c.MaxLengthPerMember = 3000
+	if err := c.checkTuning(); err != nil {
+		return c, err
 	}
-	if c.TTLPerMember <= 0 {
-		c.TTLPerMember = 500 * time.Millisecond
+	if c.MaxLengthPerMember == 0 {
+		c.MaxLengthPerMember = DefaultMaxLengthPerMember
 	}
-	if c.UnackedPerMember <= 0 {
-		c.UnackedPerMember = 2
+	if c.TTLPerMember == 0 {
+		c.TTLPerMember = DefaultTTLPerMember
 	}
-	if c.RetuneInterval <= 0 {
-		c.RetuneInterval = time.Second
+	if c.UnackedPerMember == 0 {
+		c.UnackedPerMember = DefaultUnackedPerMember
+	}
+	if c.RetuneInterval == 0 {
+		c.RetuneInterval = DefaultRetuneInterval
 	}
 	if c.DeliveryTimeout <= 0 {
 		c.DeliveryTimeout = 10 * time.Second
 	}
 	return c, nil
+}
+
+// checkTuning refuses negative constants and durations RabbitMQ or the
+// retune loop cannot honour, naming luffymq's flags; zero selects the
+// default.
+func (c WorkQueueConfig) checkTuning() error {
+	switch {
+	case c.MaxLengthPerMember < 0:
+		return fmt.Errorf("%w: wq-max-length-per-member %d is negative", ErrInvalidConfig, c.MaxLengthPerMember)
+	case c.TTLPerMember < 0 || (c.TTLPerMember > 0 && c.TTLPerMember < time.Millisecond):
+		return fmt.Errorf("%w: wq-ttl-per-member %v: want 1ms or more (RabbitMQ's TTLs are whole milliseconds)", ErrInvalidConfig, c.TTLPerMember)
+	case c.UnackedPerMember < 0:
+		return fmt.Errorf("%w: wq-unacked-per-member %d is negative", ErrInvalidConfig, c.UnackedPerMember)
+	case c.RetuneInterval < 0 || (c.RetuneInterval > 0 && c.RetuneInterval < MinRetuneInterval):
+		return fmt.Errorf("%w: wq-retune-interval %v: want %v or more", ErrInvalidConfig, c.RetuneInterval, MinRetuneInterval)
+	}
+	return nil
 }
 
 // workGroup is one exported shared group.

@@ -417,19 +417,96 @@ func federationFor(m configMessage) ([]ExchangeFederation, error) {
 	return out, nil
 }
 
+// Standby of the configuration agent: how soon a broker whose site
+// already has an active configuration agent looks again whether it is
+// gone, doubling from the first to the second. A standby broker takes over
+// at most configStandbyMaxRetry (plus one queue declaration) after the
+// active one's consumer goes.
+const (
+	configStandbyFirstRetry = 250 * time.Millisecond
+	configStandbyMaxRetry   = 2 * time.Second
+)
+
 // configLoop is the configuration agent: it applies every message of the
 // site's configuration queue as federation upstreams and policies, moving
 // links without losing messages (applyConfiguration), and runs the
 // conservation agent beside it.
-func (b *Bridge) configLoop(ctx context.Context, ch *amqp.Channel) error {
+//
+// One agent per site is active: it consumes the queue exclusively, so the
+// messages are applied one at a time and in order. The agent of any other
+// broker of the site is a standby: it sees the queue's consumer, says so
+// once (INFO), and looks again with backoff; when the active broker's
+// connection goes, its consumer goes with it (and its unacknowledged
+// message back to the queue), and a standby takes over.
+func (b *Bridge) configLoop(ctx context.Context, conn *amqp.Connection) error {
 	q := ConfigQueueName(b.cfg.Site)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declaring configuration queue %s: %w", q, err)
+	retry := configStandbyFirstRetry
+	standby := false
+	for {
+		ch, msgs, err := b.claimConfigQueue(conn, q)
+		if err == nil {
+			if standby {
+				b.log.Info("bridge: configuration agent taking over: no other broker of the site consumes the configuration queue any more", "queue", q)
+			}
+			return b.applyConfigMessages(ctx, ch, q, msgs)
+		}
+		if !errors.Is(err, errConfigQueueTaken) {
+			return err
+		}
+		if !standby {
+			standby = true
+			b.log.Info("bridge: configuration agent on standby: another broker of this site applies its configuration messages; this one takes over when that one goes",
+				"queue", q, "checks_every", configStandbyMaxRetry)
+		} else {
+			b.log.Debug("bridge: configuration agent still on standby", "queue", q)
+		}
+		if !sleepCtx(ctx, retry) {
+			return nil
+		}
+		retry = min(2*retry, configStandbyMaxRetry)
 	}
-	msgs, err := ch.Consume(q, "luffymq-config-"+b.cfg.Site, false, true, false, false, nil)
+}
+
+// errConfigQueueTaken says another connection consumes the site's
+// configuration queue: this broker's agent stands by.
+var errConfigQueueTaken = errors.New("configuration queue consumed by another broker of the site")
+
+// claimConfigQueue declares the configuration queue q on a new channel and
+// consumes it exclusively. It returns errConfigQueueTaken, having closed
+// the channel, when the queue already has a consumer: it looks before it
+// consumes, so that a standby does not make RabbitMQ log a refused
+// exclusive consume at each look, and takes a refusal (two standbys
+// looking at once) the same way.
+func (b *Bridge) claimConfigQueue(conn *amqp.Connection, q string) (*amqp.Channel, <-chan amqp.Delivery, error) {
+	ch, err := conn.Channel()
 	if err != nil {
-		return fmt.Errorf("consuming configuration queue %s: %w", q, err)
+		return nil, nil, fmt.Errorf("opening configuration channel: %w", err)
 	}
+	info, err := ch.QueueDeclare(q, true, false, false, false, nil)
+	if err != nil {
+		_ = ch.Close()
+		return nil, nil, fmt.Errorf("declaring configuration queue %s: %w", q, err)
+	}
+	if info.Consumers > 0 {
+		_ = ch.Close()
+		return nil, nil, errConfigQueueTaken
+	}
+	msgs, err := ch.Consume(q, "luffymq-config-"+b.cfg.Site+"-"+b.cfg.BrokerID, false, true, false, false, nil)
+	if err != nil {
+		_ = ch.Close() // the server closed it already
+		if isAMQPCode(err, amqp.AccessRefused) {
+			return nil, nil, errConfigQueueTaken
+		}
+		return nil, nil, fmt.Errorf("consuming configuration queue %s: %w", q, err)
+	}
+	return ch, msgs, nil
+}
+
+// applyConfigMessages is the active configuration agent: it applies the
+// messages of q, consumed exclusively on ch, until ctx ends or the
+// consumer is cancelled.
+func (b *Bridge) applyConfigMessages(ctx context.Context, ch *amqp.Channel, q string, msgs <-chan amqp.Delivery) error {
+	defer ch.Close()
 	// The conservation agent serves the requests of downstream nodes that
 	// removed a federation link from this one (reconfig.go).
 	agentCtx, stopAgent := context.WithCancel(ctx)

@@ -131,9 +131,11 @@ type Config struct {
 	// queue, queue events, work-queue policies).
 	AMQPManagementURL string
 	// WorkQueue tunes the work queues (eq. 2.12 constants, retune
-	// interval); its ManagementURL and Load are set from AMQPManagementURL
-	// and the selection engine. WorkQueue.Federation sets the links the
-	// site agent creates, DiscardHeldOnMove from --federation-discard-held.
+	// interval: --wq-ttl-per-member, --wq-max-length-per-member,
+	// --wq-unacked-per-member, --wq-retune-interval); its ManagementURL and
+	// Load are set from AMQPManagementURL and the selection engine.
+	// WorkQueue.Federation sets the links the site agent creates,
+	// DiscardHeldOnMove from --federation-discard-held.
 	WorkQueue bridge.WorkQueueConfig
 	// DataDir, set, keeps sessions, subscriptions, retained messages and
 	// in-flight QoS 1/2 messages in this directory across restarts (see
@@ -243,8 +245,10 @@ func (c Config) withDefaults() (Config, error) {
 		c.BrokerID = bridge.DefaultBrokerID(cmp.Or(c.MQTTListen, c.TLSListen, c.WSListen))
 	}
 	if c.AMQPURL != "" {
+		wq := c.WorkQueue // its --wq-* constants are checked too
+		wq.ManagementURL, wq.Load = c.AMQPManagementURL, noLoad{}
 		bc := bridge.Config{Site: c.Site, BrokerID: c.BrokerID, AMQPURL: c.AMQPURL, Exports: c.Exports, ExportGroups: c.ExportGroups,
-			WorkQueue: bridge.WorkQueueConfig{ManagementURL: c.AMQPManagementURL, Load: noLoad{}}}
+			WorkQueue: wq}
 		if err := bc.Validate(); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}

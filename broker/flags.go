@@ -10,7 +10,9 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
+	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker/pingreq"
 	"github.com/luffymq/luffymq/hooks"
 	"github.com/luffymq/luffymq/scoring"
@@ -112,6 +114,10 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	pprofOn := fs.Bool("pprof", false, "serve Go runtime profiles (heap, CPU, goroutines) under /debug/pprof/ on --http, behind the same access rule as the API")
 	discardHeld := fs.Bool("federation-discard-held", false, "when a configuration message removes a federation link (its exchange's sync site moved), delete the messages the old link still holds on its upstream instead of conserving them; by default the upstream's site agent re-publishes them into their exchange so they follow the new links (no loss, a short delay for those messages); discarding is the thesis's setting without conservation: no delay, but those messages are lost")
 	federationMaxHops := fs.Int("federation-max-hops", 2, "federation links the site agent creates from configuration messages let a message cross this many links: luffy-controller's plans send a message from its site to the exchange's sync site and on to the others, two links")
+	wqTTL := fs.Duration("wq-ttl-per-member", bridge.DefaultTTLPerMember, "with --export-group: eq. 2.12's C for the work queue's message TTL, per available member; a message waits in wq.<group> at most about this times the site's available members before it overflows to the dead-letter exchange (and possibly another site)")
+	wqMaxLength := fs.Int("wq-max-length-per-member", bridge.DefaultMaxLengthPerMember, "with --export-group: eq. 2.12's C for the work queue's max length, in messages per available member (also the scale of the site's overflow weight, eq. 2.13)")
+	wqUnacked := fs.Int("wq-unacked-per-member", bridge.DefaultUnackedPerMember, "with --export-group: most work-queue messages taken from RabbitMQ and not yet acknowledged, per online member")
+	wqRetune := fs.Duration("wq-retune-interval", bridge.DefaultRetuneInterval, "with --export-group: how often the work queue's TTL, max length and overflow weights are recomputed from the members' load (10ms or more)")
 	fs.Var(&exports, "export", "MQTT filter shared with the other sites through RabbitMQ (repeatable or comma-separated), e.g. sensors/#")
 	fs.Var(&exportGroups, "export-group", "shared subscription $share/<group>/<filter> served as a work queue wq.<group> across sites (repeatable; needs --amqp-management-url)")
 	if err := fs.Parse(args); err != nil {
@@ -160,6 +166,22 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	if *reportInterval <= 0 {
 		return Config{}, fmt.Errorf("%w: report-interval %v must be positive", ErrInvalidConfig, *reportInterval)
 	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{{"wq-ttl-per-member", *wqTTL}, {"wq-retune-interval", *wqRetune}} {
+		if d.value <= 0 {
+			return Config{}, fmt.Errorf("%w: %s %v must be positive", ErrInvalidConfig, d.name, d.value)
+		}
+	}
+	for _, n := range []struct {
+		name  string
+		value int
+	}{{"wq-max-length-per-member", *wqMaxLength}, {"wq-unacked-per-member", *wqUnacked}} {
+		if n.value <= 0 {
+			return Config{}, fmt.Errorf("%w: %s %d must be positive", ErrInvalidConfig, n.name, n.value)
+		}
+	}
 	if *connectTimeout < 0 {
 		return Config{}, fmt.Errorf("%w: connect-timeout %v is negative (0 disables it)", ErrInvalidConfig, *connectTimeout)
 	}
@@ -197,6 +219,8 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	cfg.Pprof = *pprofOn
 	cfg.WorkQueue.Federation.DiscardHeldOnMove = *discardHeld
 	cfg.WorkQueue.Federation.MaxHops = *federationMaxHops
+	cfg.WorkQueue.TTLPerMember, cfg.WorkQueue.MaxLengthPerMember = *wqTTL, *wqMaxLength
+	cfg.WorkQueue.UnackedPerMember, cfg.WorkQueue.RetuneInterval = *wqUnacked, *wqRetune
 	cfg.Fsync = *fsync
 	cfg.HoldLead = *holdLead
 	cfg.AckTimeout = *ackTimeout

@@ -13,6 +13,7 @@ import (
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/stretchr/testify/require"
 
+	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/clientsdk/report"
 )
 
@@ -32,6 +33,7 @@ func TestConfigFromArgsRejectsBadInputInOneLine(t *testing.T) {
 	require.NoError(t, os.WriteFile(badYAML, []byte("strategy: adaptive\nlisen: :1\n"), 0o600))
 	badDuration := filepath.Join(dir, "dur.yaml")
 	require.NoError(t, os.WriteFile(badDuration, []byte("report-interval: soon\n"), 0o600))
+	bridged := []string{"--amqp-url", "amqp://127.0.0.1:1/", "--site", "berlin"}
 	tests := []struct {
 		name     string
 		args     []string
@@ -49,6 +51,14 @@ func TestConfigFromArgsRejectsBadInputInOneLine(t *testing.T) {
 		{"missing config file", []string{"--config", filepath.Join(dir, "none.yaml")}, "config file"},
 		{"unknown config key", []string{"--config", badYAML}, "lisen"},
 		{"bad config duration", []string{"--config", badDuration}, "report-interval"},
+		{"zero wq ttl", []string{"--wq-ttl-per-member", "0s"}, "wq-ttl-per-member 0s must be positive"},
+		{"negative wq ttl", []string{"--wq-ttl-per-member", "-5ms"}, "wq-ttl-per-member -5ms must be positive"},
+		{"sub-millisecond wq ttl", append(bridged, "--wq-ttl-per-member", "500us"), "wq-ttl-per-member 500µs: want 1ms or more"},
+		{"zero wq max length", []string{"--wq-max-length-per-member", "0"}, "wq-max-length-per-member 0 must be positive"},
+		{"wq max length not a number", []string{"--wq-max-length-per-member", "lots"}, "wq-max-length-per-member"},
+		{"negative wq unacked", []string{"--wq-unacked-per-member", "-1"}, "wq-unacked-per-member -1 must be positive"},
+		{"zero wq retune", []string{"--wq-retune-interval", "0s"}, "wq-retune-interval 0s must be positive"},
+		{"tiny wq retune", append(bridged, "--wq-retune-interval", "1ms"), "wq-retune-interval 1ms: want 10ms or more"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,6 +68,42 @@ func TestConfigFromArgsRejectsBadInputInOneLine(t *testing.T) {
 			require.NotContains(t, err.Error(), "\n", "one line")
 		})
 	}
+}
+
+// TestConfigWorkQueueFlags: the --wq-* flags default to the bridge's
+// defaults and reach Config.WorkQueue from the command line, the
+// environment and the YAML file.
+func TestConfigWorkQueueFlags(t *testing.T) {
+	cfg, err := ConfigFromArgs(nil, io.Discard, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, bridge.DefaultTTLPerMember, cfg.WorkQueue.TTLPerMember)
+	require.Equal(t, 500*time.Millisecond, cfg.WorkQueue.TTLPerMember, "today's value")
+	require.Equal(t, 3000, cfg.WorkQueue.MaxLengthPerMember)
+	require.Equal(t, 2, cfg.WorkQueue.UnackedPerMember)
+	require.Equal(t, time.Second, cfg.WorkQueue.RetuneInterval)
+
+	cfg, err = ConfigFromArgs([]string{"--wq-ttl-per-member", "50ms", "--wq-max-length-per-member", "300",
+		"--wq-unacked-per-member", "1", "--wq-retune-interval", "100ms"}, io.Discard, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 50*time.Millisecond, cfg.WorkQueue.TTLPerMember)
+	require.Equal(t, 300, cfg.WorkQueue.MaxLengthPerMember)
+	require.Equal(t, 1, cfg.WorkQueue.UnackedPerMember)
+	require.Equal(t, 100*time.Millisecond, cfg.WorkQueue.RetuneInterval)
+
+	file := filepath.Join(t.TempDir(), "luffymq.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("wq-ttl-per-member: 20ms\nwq-unacked-per-member: 4\n"), 0o600))
+	cfg, err = LoadConfig([]string{"--config", file, "--wq-unacked-per-member", "3"}, []string{"LUFFYMQ_WQ_TTL_PER_MEMBER=30ms", "LUFFYMQ_WQ_RETUNE_INTERVAL=250ms"}, io.Discard, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Millisecond, cfg.WorkQueue.TTLPerMember, "the environment wins over the file")
+	require.Equal(t, 3, cfg.WorkQueue.UnackedPerMember, "the command line wins over the file")
+	require.Equal(t, 250*time.Millisecond, cfg.WorkQueue.RetuneInterval)
+	require.Equal(t, 3000, cfg.WorkQueue.MaxLengthPerMember)
+
+	// A program that builds its Config itself gets the same checks.
+	_, err = New(Config{MQTTListen: "127.0.0.1:0", AMQPURL: "amqp://127.0.0.1:1/", Site: "berlin", Logger: discardLogger(),
+		WorkQueue: bridge.WorkQueueConfig{UnackedPerMember: -2}})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, "wq-unacked-per-member -2 is negative")
 }
 
 func TestConfigFileWithFlagsWinning(t *testing.T) {
