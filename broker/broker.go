@@ -56,6 +56,10 @@ type Broker struct {
 
 	// connections counts accepted MQTT connections for the metrics.
 	connections *hooks.ConnectionCounterHook
+
+	// pacing makes publishers wait for clients draining a full write
+	// queue; nil with publisher pacing off.
+	pacing *hooks.PacingHook
 }
 
 // New validates cfg, reads the files it names and builds a broker. Nothing
@@ -142,6 +146,17 @@ func New(cfg Config) (*Broker, error) {
 	// sees the filter.
 	if err := b.server.AddHook(new(QueueAliasHook), nil); err != nil {
 		return nil, fmt.Errorf("adding $queue alias hook: %w", err)
+	}
+	// Publisher pacing waits in the ACL check of each delivery, which it
+	// never allows: it must come before the topic rules hook, which
+	// answers (Mochi stops at the first hook that allows).
+	if cfg.PublisherPacingMaxWait > 0 {
+		if b.pacing, err = hooks.NewPacingHook(hooks.PacingConfig{Server: b.server, MaxWait: cfg.PublisherPacingMaxWait}); err != nil {
+			return nil, fmt.Errorf("%w: publisher pacing: %w", ErrInvalidConfig, err)
+		}
+		if err := b.server.AddHook(b.pacing, nil); err != nil {
+			return nil, fmt.Errorf("adding publisher pacing hook: %w", err)
+		}
 	}
 	if err := b.server.AddHook(b.topicRules, nil); err != nil {
 		return nil, fmt.Errorf("adding topic rules hook: %w", err)

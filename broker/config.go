@@ -76,6 +76,12 @@ type Config struct {
 	// a publish to a client whose queue is full is dropped and counted
 	// (messages_dropped). 0 selects Mochi's default, 8192.
 	MaxPendingWrites int
+	// PublisherPacingMaxWait is the longest a publisher waits, per
+	// delivery, for a client whose write queue (MaxPendingWrites) is 3/4
+	// full while the client drains it (see hooks.PacingHook): waiting
+	// slows the publisher through TCP instead of dropping the client's
+	// messages. 5 ms when zero; negative turns publisher pacing off.
+	PublisherPacingMaxWait time.Duration
 	// AuthFile is a Mochi auth/ACL ledger (YAML or JSON). Empty allows
 	// anonymous access, with a warning, on loopback listeners only unless
 	// AllowAnonymous is set.
@@ -219,6 +225,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxPendingWrites < 0 || c.MaxPendingWrites > MaxPendingWritesLimit {
 		return c, fmt.Errorf("%w: max-pending-writes %d must be from 0 (Mochi's default) to %d", ErrInvalidConfig, c.MaxPendingWrites, MaxPendingWritesLimit)
+	}
+	if c.PublisherPacingMaxWait == 0 {
+		c.PublisherPacingMaxWait = hooks.DefaultPacingMaxWait
+	}
+	if c.PublisherPacingMaxWait > hooks.MaxPacingMaxWait {
+		return c, fmt.Errorf("%w: publisher-pacing-max-wait %v is above %v", ErrInvalidConfig, c.PublisherPacingMaxWait, hooks.MaxPacingMaxWait)
 	}
 	if c.MaxQueuedBytes < 0 {
 		return c, fmt.Errorf("%w: max-queued-bytes %d is negative (0 selects %d)", ErrInvalidConfig, c.MaxQueuedBytes, pingreq.DefaultMaxQueuedBytes)

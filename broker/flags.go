@@ -108,6 +108,8 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	)
 	ackTimeout := fs.Duration("ack-timeout", 0, "time a connected shared-group member may hold a QoS 1/2 message unacknowledged before it goes to another member of the group (0: never)")
 	maxPendingWrites := fs.Int("max-pending-writes", 0, "packets Mochi queues per client for its write loop before it drops publishes to that client (0: Mochi's default, 8192)")
+	publisherPacing := fs.Bool("publisher-pacing", true, "make a publisher wait (at most --publisher-pacing-max-wait per delivery) before it hands a message to a client whose write queue is 3/4 full while that client drains it, so TCP slows the publisher instead of the client's messages being dropped; a client that reads nothing never makes anyone wait")
+	publisherPacingMaxWait := fs.Duration("publisher-pacing-max-wait", hooks.DefaultPacingMaxWait, "with --publisher-pacing: the longest a publisher waits for one delivery (at most 1s)")
 	holdLead := fs.Duration("hold-lead", DefaultHoldLead, "experimental late binding (adaptive strategy), e.g. 5ms: while every member of a group is predicted busy for longer than this, messages wait at the broker and go to whoever is then predicted to start them soonest; should exceed the members' one-way network delay (0: off, the default; always off with --data-dir)")
 	metricsMaxMembers := fs.Int("metrics-max-members", hooks.DefaultMetricsMaxMembers, "most shared-group members (group and client pairs) with Prometheus series of their own; the others are summed per group under client_id=\"_other\"")
 	fsync := fs.Bool("fsync", false, "with --data-dir: write each accepted QoS 1/2 publish to disk (fsync) before acknowledging it, so a power cut loses nothing acknowledged (slower; without it a killed broker loses nothing, a power cut may lose the last writes)")
@@ -225,6 +227,13 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	cfg.HoldLead = *holdLead
 	cfg.AckTimeout = *ackTimeout
 	cfg.MaxPendingWrites = *maxPendingWrites
+	if *publisherPacingMaxWait <= 0 {
+		return Config{}, fmt.Errorf("%w: publisher-pacing-max-wait %v must be positive (--publisher-pacing=false turns pacing off)", ErrInvalidConfig, *publisherPacingMaxWait)
+	}
+	cfg.PublisherPacingMaxWait = *publisherPacingMaxWait
+	if !*publisherPacing {
+		cfg.PublisherPacingMaxWait = -1 // Config's zero value means the default
+	}
 	if *writeTimeout == 0 {
 		cfg.WriteTimeout = -1 // Config's zero value means the default
 	}

@@ -37,6 +37,9 @@ func (b *Broker) metricsCollectors() []prometheus.Collector {
 	if b.bridge != nil {
 		cs = append(cs, b.bridge.Collector())
 	}
+	if b.pacing != nil {
+		cs = append(cs, hooks.NewPacingCollector(b.pacing))
+	}
 	return cs
 }
 

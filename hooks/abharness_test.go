@@ -1,8 +1,9 @@
 package hooks_test
 
 // An in-process A/B harness: the same MQTT workload against vanilla Mochi
-// MQTT and against Mochi with what LuffyMQ adds to it (the selection hook
-// and the listener wrapper that lifts load reports off extended PINGREQs).
+// MQTT and against Mochi with what LuffyMQ adds to it (the selection and
+// publisher pacing hooks and the listener wrapper that lifts load reports
+// off extended PINGREQs).
 // Clients are paho.golang MQTT v5 clients over loopback TCP. The harness
 // uses only exported APIs, so it keeps compiling while the internals of
 // hooks/ and scoring/ change.
@@ -220,8 +221,8 @@ func newABRun(tb testing.TB, cfg abConfig) *abRun {
 
 // startServer builds the broker as broker.New does for its system: Mochi
 // with default options and allow-all authentication; for LuffyMQ the
-// selection hook goes before the allow hook and the TCP listener is
-// wrapped by the PINGREQ reader.
+// selection and publisher pacing hooks go before the allow hook and the
+// TCP listener is wrapped by the PINGREQ reader.
 func (r *abRun) startServer() {
 	tb := r.tb
 	tb.Helper()
@@ -235,6 +236,11 @@ func (r *abRun) startServer() {
 		sel, err := hooks.NewSelectionHook(hooks.SelectionConfig{Engine: eng, Server: server, ReportInterval: time.Second})
 		require.NoError(tb, err)
 		require.NoError(tb, server.AddHook(sel, nil))
+		// Publisher pacing, as broker.New adds it: before the hook
+		// that answers ACL checks.
+		pacing, err := hooks.NewPacingHook(hooks.PacingConfig{Server: server})
+		require.NoError(tb, err)
+		require.NoError(tb, server.AddHook(pacing, nil))
 	} else {
 		require.Equal(tb, abVanilla, r.cfg.System, "unknown system")
 	}

@@ -110,7 +110,16 @@ type outbox struct {
 	writeTimeout atomic.Bool
 
 	droppedWriteQueue atomic.Uint64
+
+	// progress is when (Unix nanoseconds) the writer last took a batch
+	// or the socket last accepted bytes (see Draining).
+	progress atomic.Int64
 }
+
+// writeChunk is the most bytes the writer hands the socket in one Write,
+// so that a slow client's progress is seen at least every writeChunk
+// bytes rather than once per batch (see Draining).
+const writeChunk = 64 << 10
 
 // SetWriteLimits sets the connection's outbox limits; call it before the
 // first Write.
@@ -134,6 +143,31 @@ func (c *Conn) WriteStats() WriteStats {
 
 		DroppedWriteQueue: o.droppedWriteQueue.Load(),
 	}
+}
+
+// Draining reports whether the client takes what the broker sends it:
+// the writer is not in a socket write (nothing waits for the socket, or
+// the writer is about to take what waits), or the socket accepted bytes
+// (or the writer started on a new batch) within the last stallAfter; and
+// the outbox is within MaxQueuedBytes (above it the client's QoS 0
+// publishes are dropped whatever happens before). It is false once the
+// connection failed or is closing. A publisher may wait for a client
+// that drains (see hooks.PacingHook), never for one that does not.
+func (c *Conn) Draining(stallAfter time.Duration) bool {
+	o := &c.out
+	o.mu.Lock()
+	queued := len(o.pending) + o.writing
+	inWrite := o.writing > 0
+	ended := o.err != nil || o.closing
+	limit := o.limits.MaxQueuedBytes
+	o.mu.Unlock()
+	switch {
+	case ended || queued > limit:
+		return false
+	case !inWrite:
+		return true
+	}
+	return time.Since(time.Unix(0, o.progress.Load())) < stallAfter
 }
 
 // CountWriteQueueDrop records that a publish for this client was dropped
@@ -207,6 +241,7 @@ func (c *Conn) runWriter() {
 		batch := o.pending
 		o.pending, o.spare = o.spare[:0], nil
 		o.writing = len(batch)
+		o.progress.Store(time.Now().UnixNano())
 		o.mu.Unlock()
 
 		err := c.send(batch)
@@ -240,8 +275,11 @@ func (c *Conn) send(batch []byte) error {
 		_ = c.Conn.SetWriteDeadline(deadline)
 		o.mu.Unlock()
 
-		n, err := c.Conn.Write(batch)
+		n, err := c.Conn.Write(batch[:min(len(batch), writeChunk)])
 		batch = batch[n:]
+		if n > 0 {
+			o.progress.Store(time.Now().UnixNano())
+		}
 		if err == nil {
 			continue
 		}
