@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -125,9 +126,12 @@ func TestGuardListenerLimit(t *testing.T) {
 	gl.requireNoneEstablished(t)
 	require.Equal(t, GuardStats{RefusedListenerLimit: 1}, g.Stats())
 
-	// Closing a connection gives its place back.
+	// Closing a connection gives its place back (once the establish
+	// function has returned, just after the test's handler ended).
 	require.NoError(t, first.Close())
 	gl.requireEnded(t)
+	active := &gl.Listener.(*listener).active
+	require.Eventually(t, func() bool { return active.Load() == 1 }, 5*time.Second, time.Millisecond)
 	dialFrom(t, "127.0.0.1", gl.Address())
 	gl.requireEstablished(t)
 	require.Equal(t, uint64(1), g.Stats().RefusedListenerLimit)
@@ -153,9 +157,16 @@ func TestGuardPerIPLimitSpansListeners(t *testing.T) {
 	dialFrom(t, "127.0.0.2", a.Address())
 	a.requireEstablished(t)
 
-	// Closing a connection gives its place back to its address.
+	// Closing a connection gives its place back to its address (once the
+	// establish function has returned, just after the test's handler).
 	require.NoError(t, first.Close())
 	a.requireEnded(t)
+	loopback := netip.MustParseAddr("127.0.0.1")
+	require.Eventually(t, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.perIP[loopback] == 1
+	}, 5*time.Second, time.Millisecond)
 	dialFrom(t, "127.0.0.1", a.Address())
 	a.requireEstablished(t)
 	require.Equal(t, uint64(2), g.Stats().RefusedIPLimit)
