@@ -42,6 +42,9 @@ fmt:
 
 ## fuzz: run every fuzz target for FUZZTIME each (default 30s)
 FUZZTIME ?= 30s
+## FUZZMINIMIZETIME bounds the shrinking of each new input (Go's default, 60s, can take a whole run)
+FUZZMINIMIZETIME ?= 5s
+fuzz: export GOFLAGS += -fuzzminimizetime=$(FUZZMINIMIZETIME)
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./clientsdk/report/
 	$(GO) test -run '^$$' -fuzz '^FuzzVarint$$' -fuzztime $(FUZZTIME) ./clientsdk/report/
@@ -56,6 +59,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzConfigFromArgs$$' -fuzztime $(FUZZTIME) ./broker/
 	$(GO) test -run '^$$' -fuzz '^FuzzConfigFile$$' -fuzztime $(FUZZTIME) ./broker/
 	$(GO) test -run '^$$' -fuzz '^FuzzAuthFile$$' -fuzztime $(FUZZTIME) ./broker/
+	$(GO) test -run '^$$' -fuzz '^FuzzSiteConfig$$' -fuzztime $(FUZZTIME) ./bridge/
+	$(GO) test -run '^$$' -fuzz '^FuzzSitesFile$$' -fuzztime $(FUZZTIME) ./bridge/controller/
 
 ## bench: representative benchmarks (about 15-20 min on 2 cores) into bench/results/, then refresh the README section:
 ##   thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, and throughput (3 runs, medians)

@@ -56,8 +56,9 @@ func MQTTToAMQP(s string) string {
 // AMQPToMQTT maps an AMQP routing or binding key back to MQTT. Words "*"
 // and "#" become the wildcards "+" and "#"; other words are
 // percent-decoded. Keys that MQTTToAMQP cannot produce (a raw '/', '+' or
-// '%' not followed by two hex digits, or '*'/'#' inside a word) are
-// rejected with an error wrapping ErrUnmappable.
+// '%' not followed by two hex digits, '*'/'#' inside a word, or a word that
+// is only an escaped '+' or '#') are rejected with an error wrapping
+// ErrUnmappable.
 func AMQPToMQTT(key string) (string, error) {
 	var b strings.Builder
 	b.Grow(len(key))
@@ -72,6 +73,12 @@ func AMQPToMQTT(key string) (string, error) {
 		case "#":
 			b.WriteByte('#')
 			continue
+		}
+		if word == "%2B" || word == "%23" {
+			// MQTTToAMQP maps a whole "+" or "#" level to a wildcard
+			// word, never to its escape: decoded, this would be a
+			// wildcard level that no topic name has.
+			return "", fmt.Errorf("%w: %q: word %q would decode to a wildcard level", ErrUnmappable, key, word)
 		}
 		for j := 0; j < len(word); j++ {
 			c := word[j]

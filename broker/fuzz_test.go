@@ -123,6 +123,10 @@ func FuzzConfigFile(f *testing.F) {
 	f.Add([]byte("site: [1, 2\n"), "")
 	f.Add([]byte("a: &a [*a, *a]\n"), "")
 	f.Add([]byte("---\nstrategy: thesis\n---\nstrategy: bogus\n"), "")
+	// One file, rewritten for every input: a directory per input cost
+	// more than the rest of an iteration. Inputs run one at a time in a
+	// fuzz worker, and each worker is its own process with its own f.
+	path := filepath.Join(f.TempDir(), "luffymq.yaml")
 	f.Fuzz(func(t *testing.T, content []byte, argv string) {
 		args, ok := fuzzArgs(argv)
 		if !ok {
@@ -135,7 +139,6 @@ func FuzzConfigFile(f *testing.F) {
 		if _, ok := fc["data-dir"]; decodeErr == nil && ok {
 			return
 		}
-		path := filepath.Join(t.TempDir(), "luffymq.yaml")
 		if err := os.WriteFile(path, content, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -191,8 +194,9 @@ func FuzzAuthFile(f *testing.F) {
 	f.Add([]byte(`{"auth": [`))
 	f.Add([]byte("acl:\n  - filters:\n      'a/#': 9\n"))
 	f.Add([]byte(""))
+	// One file, rewritten for every input (see FuzzConfigFile).
+	path := filepath.Join(f.TempDir(), "auth.yaml")
 	f.Fuzz(func(t *testing.T, data []byte) {
-		path := filepath.Join(t.TempDir(), "auth.yaml")
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}

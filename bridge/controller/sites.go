@@ -314,6 +314,11 @@ func parseDelays(n *yaml.Node, sites map[string]int, fail func(int, string, ...a
 			if v.Kind != yaml.ScalarNode || (v.Tag != "!!int" && v.Tag != "!!float") || err != nil || ms < 0 || math.IsInf(ms, 0) || math.IsNaN(ms) {
 				return nil, fail(v.Line, "delays_ms.%s.%s: %q is not a non-negative number of milliseconds", from.Value, to.Value, v.Value)
 			}
+			if ms*float64(time.Millisecond) >= math.MaxInt64 {
+				// A time.Duration holds about 292 years; the conversion
+				// of a larger value would not fail but give a negative delay.
+				return nil, fail(v.Line, "delays_ms.%s.%s: %q milliseconds is too large", from.Value, to.Value, v.Value)
+			}
 			if from.Value == to.Value && ms != 0 {
 				return nil, fail(v.Line, "delays_ms.%s.%s: a site's delay to itself is 0", from.Value, to.Value)
 			}
@@ -366,7 +371,18 @@ func checkAMQPURL(raw string) error {
 		return errors.New("missing (want amqp://user:password@host:5672/vhost)")
 	}
 	if _, err := amqp.ParseURI(raw); err != nil {
+		// net/url's errors quote the whole URL, password included: give
+		// only what it found wrong.
+		var urlErr *url.Error
+		if errors.As(err, &urlErr) {
+			return fmt.Errorf("%q: %v (want amqp://user:password@host:5672/vhost, reserved characters in user and password percent-encoded)", redactURL(raw), urlErr.Err)
+		}
 		return fmt.Errorf("%q: %v (want amqp://user:password@host:5672/vhost)", redactURL(raw), err)
+	}
+	// ParseURI takes any case and a single slash; the site agent takes
+	// federation upstreams only as amqp:// or amqps://.
+	if !strings.HasPrefix(raw, "amqp://") && !strings.HasPrefix(raw, "amqps://") {
+		return fmt.Errorf("%q: write the scheme amqp:// or amqps:// (want amqp://user:password@host:5672/vhost)", redactURL(raw))
 	}
 	return nil
 }
