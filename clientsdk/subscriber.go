@@ -65,9 +65,9 @@ type Subscriber struct {
 	// callbacks (the Subscriber's and the application's) have returned.
 	firstUp     chan struct{}
 	firstUpOnce sync.Once
-	failure    error         // why the Subscriber stopped for good; nil if it did not
-	stopped    chan struct{} // closed when the Subscriber has stopped
-	stopOnce   sync.Once
+	failure     error         // why the Subscriber stopped for good; nil if it did not
+	stopped     chan struct{} // closed when the Subscriber has stopped
+	stopOnce    sync.Once
 
 	received     atomic.Uint64
 	processed    atomic.Uint64
