@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/stretchr/testify/require"
 
@@ -193,16 +192,7 @@ func TestPublisherPacingNeverWaitsForStuckSubscriber(t *testing.T) {
 	b := startBroker(t, nil)
 	require.NotNil(t, b.pacing)
 
-	conn, err := net.Dial("tcp", b.MQTTAddr())
-	require.NoError(t, err)
-	require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(4096))
-	stuck := &rawConn{t: t, conn: conn}
-	t.Cleanup(func() { _ = conn.Close() })
-	connect := connectPacket("stuck", "", "")
-	connect.Content.(*packets.Connect).KeepAlive = 0
-	stuck.write(connect)
-	require.Equal(t, packets.CONNACK, stuck.read().Type)
-	stuck.subscribe("stuck/t", 0)
+	connectStuckSubscriber(t, b, "stuck/t", 0)
 
 	spec := burstSpec{publishers: 4, messages: 5000, subscribers: 1, payloadBytes: 1024}
 	res := runBurst(t, b, "stuck/t", spec)

@@ -25,16 +25,7 @@ func TestStuckSubscriberStallsNobody(t *testing.T) {
 	b := startBroker(t, nil)
 
 	// The stuck subscriber: subscribes, then never reads again.
-	conn, err := net.Dial("tcp", b.MQTTAddr())
-	require.NoError(t, err)
-	require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(4096))
-	stuck := &rawConn{t: t, conn: conn}
-	t.Cleanup(func() { _ = conn.Close() })
-	connect := connectPacket("stuck", "", "")
-	connect.Content.(*packets.Connect).KeepAlive = 0
-	stuck.write(connect)
-	require.Equal(t, packets.CONNACK, stuck.read().Type)
-	stuck.subscribe("stuck/t", 1)
+	connectStuckSubscriber(t, b, "stuck/t", 1)
 
 	healthy := connectPaho(t, b.MQTTAddr(), "healthy", nil)
 	healthy.subscribe(t, "stuck/t", 1)
@@ -65,4 +56,21 @@ func TestStuckSubscriberStallsNobody(t *testing.T) {
 	}, "the stuck subscriber, whose outbox filled, is disconnected")
 	require.Equal(t, uint64(1), b.Overview().SlowClientsDisconnected)
 	require.Contains(t, getMetrics(t, b), `luffymq_slow_clients_disconnected_total{reason="outbox_full"} 1`)
+}
+
+// connectStuckSubscriber connects a raw MQTT v5 client "stuck" with
+// keep-alive 0 and a 4 KiB socket read buffer, subscribes it to topic at
+// qos, and never reads from it again: its socket fills up and stays full.
+func connectStuckSubscriber(t *testing.T, b *Broker, topic string, qos byte) {
+	t.Helper()
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(4096))
+	stuck := &rawConn{t: t, conn: conn}
+	t.Cleanup(func() { _ = conn.Close() })
+	connect := connectPacket("stuck", "", "")
+	connect.Content.(*packets.Connect).KeepAlive = 0
+	stuck.write(connect)
+	require.Equal(t, packets.CONNACK, stuck.read().Type)
+	stuck.subscribe(topic, qos)
 }
