@@ -113,6 +113,11 @@ type Config struct {
 	// listener, behind the same access rule as the API (HTTPToken beyond
 	// loopback). Off by default.
 	Pprof bool
+	// GCPercent is the Go garbage collector's target (GOGC) that
+	// ApplyRuntimeSettings sets: 0 leaves the runtime's own (the GOGC
+	// environment variable, or 100). The command's default is
+	// DefaultGCPercent.
+	GCPercent int
 	// Logger receives the broker's logs (slog.Default()).
 	Logger *slog.Logger
 	// Clock drives the selection engine (the system clock).
@@ -222,6 +227,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MetricsMaxMembers < 0 {
 		return c, fmt.Errorf("%w: metrics-max-members %d is negative", ErrInvalidConfig, c.MetricsMaxMembers)
+	}
+	if c.GCPercent != 0 && (c.GCPercent < MinGCPercent || c.GCPercent > MaxGCPercent) {
+		return c, fmt.Errorf("%w: gc-percent %d must be 0 (Go's own setting) or from %d to %d", ErrInvalidConfig, c.GCPercent, MinGCPercent, MaxGCPercent)
 	}
 	if c.MaxPendingWrites < 0 || c.MaxPendingWrites > MaxPendingWritesLimit {
 		return c, fmt.Errorf("%w: max-pending-writes %d must be from 0 (Mochi's default) to %d", ErrInvalidConfig, c.MaxPendingWrites, MaxPendingWritesLimit)

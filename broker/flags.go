@@ -113,6 +113,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	holdLead := fs.Duration("hold-lead", DefaultHoldLead, "experimental late binding (adaptive strategy), e.g. 5ms: while every member of a group is predicted busy for longer than this, messages wait at the broker and go to whoever is then predicted to start them soonest; should exceed the members' one-way network delay (0: off, the default; always off with --data-dir)")
 	metricsMaxMembers := fs.Int("metrics-max-members", hooks.DefaultMetricsMaxMembers, "most shared-group members (group and client pairs) with Prometheus series of their own; the others are summed per group under client_id=\"_other\"")
 	fsync := fs.Bool("fsync", false, "with --data-dir: write each accepted QoS 1/2 publish to disk (fsync) before acknowledging it, so a power cut loses nothing acknowledged (slower; without it a killed broker loses nothing, a power cut may lose the last writes)")
+	gcPercent := fs.Int("gc-percent", defaultGCPercent(environ), "the Go garbage collector's target the broker sets at start (GOGC): a higher value trades memory for throughput; 0 leaves Go's own setting; the default is 200, or 0 when the GOGC environment variable is set. For a ceiling on memory, set GOMEMLIMIT as well")
 	pprofOn := fs.Bool("pprof", false, "serve Go runtime profiles (heap, CPU, goroutines) under /debug/pprof/ on --http, behind the same access rule as the API")
 	discardHeld := fs.Bool("federation-discard-held", false, "when a configuration message removes a federation link (its exchange's sync site moved), delete the messages the old link still holds on its upstream instead of conserving them; by default the upstream's site agent re-publishes them into their exchange so they follow the new links (no loss, a short delay for those messages); discarding is the thesis's setting without conservation: no delay, but those messages are lost")
 	federationMaxHops := fs.Int("federation-max-hops", 2, "federation links the site agent creates from configuration messages let a message cross this many links: luffy-controller's plans send a message from its site to the exchange's sync site and on to the others, two links")
@@ -219,6 +220,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	cfg.RedispatchGrace, cfg.WriteTimeout, cfg.MaxQueuedBytes = *redispatchGrace, *writeTimeout, *maxQueuedBytes
 	cfg.MetricsMaxMembers = *metricsMaxMembers
 	cfg.Pprof = *pprofOn
+	cfg.GCPercent = *gcPercent
 	cfg.WorkQueue.Federation.DiscardHeldOnMove = *discardHeld
 	cfg.WorkQueue.Federation.MaxHops = *federationMaxHops
 	cfg.WorkQueue.TTLPerMember, cfg.WorkQueue.MaxLengthPerMember = *wqTTL, *wqMaxLength

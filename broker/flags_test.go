@@ -59,6 +59,8 @@ func TestConfigFromArgsRejectsBadInputInOneLine(t *testing.T) {
 		{"negative wq unacked", []string{"--wq-unacked-per-member", "-1"}, "wq-unacked-per-member -1 must be positive"},
 		{"zero wq retune", []string{"--wq-retune-interval", "0s"}, "wq-retune-interval 0s must be positive"},
 		{"tiny wq retune", append(bridged, "--wq-retune-interval", "1ms"), "wq-retune-interval 1ms: want 10ms or more"},
+		{"negative gc percent", []string{"--gc-percent", "-1"}, "gc-percent -1 must be 0 (Go's own setting) or from 10 to 10000"},
+		{"huge gc percent", []string{"--gc-percent", "20000"}, "gc-percent 20000 must be 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

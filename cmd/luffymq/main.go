@@ -31,6 +31,7 @@ func run(args, environ []string, stdout, stderr io.Writer, stop <-chan struct{})
 		fmt.Fprintln(stderr, "luffymq:", err)
 		return 2
 	}
+	defer broker.ApplyRuntimeSettings(cfg)()
 	b, err := broker.New(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "luffymq:", err)
