@@ -327,7 +327,7 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 	var (
 		membersMu sync.Mutex
 		members   = make([]liveMember, len(s.Members))
-		prox      = make([]*cutProxy, len(s.Members))
+		prox      = make([]*tcpRelay, len(s.Members))
 	)
 	crash := false
 	for _, m := range s.Members {
@@ -337,7 +337,7 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 	newMember := func(i int) (liveMember, error) {
 		addr := br.Addr()
 		if crash {
-			p, err := newCutProxy(br.Addr())
+			p, err := newTCPRelay(br.Addr())
 			if err != nil {
 				return nil, err
 			}
@@ -416,7 +416,7 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 		wg.Wait()
 		for _, p := range prox {
 			if p != nil {
-				p.Kill()
+				p.Close()
 			}
 		}
 	}
@@ -479,7 +479,7 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 				membersMu.Lock()
 				member := members[i]
 				membersMu.Unlock()
-				prox[i].Kill()
+				prox[i].Close()
 				if member != nil {
 					member.Crash()
 				}

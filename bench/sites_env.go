@@ -5,15 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
@@ -37,7 +34,7 @@ type sitesEnv struct {
 	brokerFlags []string
 
 	mu    sync.Mutex
-	links map[[2]string]*countingLink
+	links map[[2]string]*tcpRelay
 }
 
 // startSitesEnv starts a RabbitMQ node per site.
@@ -46,7 +43,7 @@ func startSitesEnv(ctx context.Context, sites []string, luffymq, logDir string, 
 	if err != nil {
 		return nil, err
 	}
-	return &sitesEnv{h: h, sites: sites, luffymq: luffymq, logDir: logDir, delay: delay, links: map[[2]string]*countingLink{}}, nil
+	return &sitesEnv{h: h, sites: sites, luffymq: luffymq, logDir: logDir, delay: delay, links: map[[2]string]*tcpRelay{}}, nil
 }
 
 // Close stops the links and the nodes.
@@ -66,7 +63,7 @@ func (e *sitesEnv) node(site string) *rabbitharness.Node { return e.h.Node(site)
 
 // link returns the WAN link from site from to site to's AMQP port: the
 // harness's delay proxy behind a byte counter, created on first use.
-func (e *sitesEnv) link(from, to string) (*countingLink, error) {
+func (e *sitesEnv) link(from, to string) (*tcpRelay, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if l, ok := e.links[[2]string{from, to}]; ok {
@@ -76,9 +73,9 @@ func (e *sitesEnv) link(from, to string) (*countingLink, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := newCountingLink(from, to, wan.Addr())
+	l, err := newTCPRelay(wan.Addr())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("link %s→%s: %w", from, to, err)
 	}
 	e.links[[2]string{from, to}] = l
 	return l, nil
@@ -118,123 +115,13 @@ func (e *sitesEnv) wanBytes() map[string]siteBytes {
 	return out
 }
 
-// countingLink forwards TCP connections to a WAN link and counts the bytes
-// in each direction.
-type countingLink struct {
-	from, to string
-	ln       net.Listener
-	target   string
-	up, down atomic.Int64 // from → to, to → from
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-}
-
-func newCountingLink(from, to, target string) (*countingLink, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("link %s→%s: %w", from, to, err)
-	}
-	l := &countingLink{from: from, to: to, ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	go l.serve()
-	return l, nil
-}
-
-// Addr is the address clients of the from site dial.
-func (l *countingLink) Addr() string { return l.ln.Addr().String() }
-
-func (l *countingLink) serve() {
-	for {
-		c, err := l.ln.Accept()
-		if err != nil {
-			return
-		}
-		u, err := net.Dial("tcp", l.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		for _, x := range []net.Conn{c, u} {
-			if t, ok := x.(*net.TCPConn); ok {
-				_ = t.SetNoDelay(true)
-			}
-		}
-		if !l.track(c, u) {
-			_ = c.Close()
-			_ = u.Close()
-			return
-		}
-		go l.pipe(u, c, &l.up)
-		go l.pipe(c, u, &l.down)
-	}
-}
-
-func (l *countingLink) track(cs ...net.Conn) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return false
-	}
-	for _, c := range cs {
-		l.conns[c] = struct{}{}
-	}
-	return true
-}
-
-func (l *countingLink) pipe(dst, src net.Conn, n *atomic.Int64) {
-	_, _ = io.Copy(countingWriter{dst, n}, src)
-	_ = dst.Close()
-	_ = src.Close()
-	l.mu.Lock()
-	delete(l.conns, dst)
-	delete(l.conns, src)
-	l.mu.Unlock()
-}
-
-// dropConnections closes every connection through the link, as a network
-// failure would, and keeps accepting new ones.
-func (l *countingLink) dropConnections() {
-	l.mu.Lock()
-	conns := l.conns
-	l.conns = map[net.Conn]struct{}{}
-	l.mu.Unlock()
-	for c := range conns {
-		_ = c.Close()
-	}
-}
-
 // dropWAN closes every connection through every WAN link.
 func (e *sitesEnv) dropWAN() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, l := range e.links {
-		l.dropConnections()
+		l.DropConnections()
 	}
-}
-
-// Close closes the listener and every connection.
-func (l *countingLink) Close() {
-	l.mu.Lock()
-	l.closed = true
-	conns := l.conns
-	l.conns = map[net.Conn]struct{}{}
-	l.mu.Unlock()
-	_ = l.ln.Close()
-	for c := range conns {
-		_ = c.Close()
-	}
-}
-
-type countingWriter struct {
-	w io.Writer
-	n *atomic.Int64
-}
-
-func (c countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n.Add(int64(n))
-	return n, err
 }
 
 // mgmt returns a management API client of site's node.
