@@ -55,6 +55,35 @@ func (t *teardown) run() {
 // takes several round trips to connect.
 type dialer struct {
 	jobs []func() (closer func(), err error)
+	// receiverSite is the site of each receiver added, by index.
+	receiverSite []int
+}
+
+// addReceiver queues the dial of the run's next receiver, at site, and
+// returns its index.
+func (d *dialer) addReceiver(site int, dial func(index int) (sitesReceiver, error)) int {
+	idx := len(d.receiverSite)
+	d.receiverSite = append(d.receiverSite, site)
+	d.add(func() (func(), error) {
+		rc, err := dial(idx)
+		if err != nil {
+			return nil, err
+		}
+		return rc.Close, nil
+	})
+	return idx
+}
+
+// addPublisher queues the dial of publisher i, kept in pubs[i].
+func (d *dialer) addPublisher(pubs []sitesPublisher, i int, dial func() (sitesPublisher, error)) {
+	d.add(func() (func(), error) {
+		p, err := dial()
+		if err != nil {
+			return nil, err
+		}
+		pubs[i] = p
+		return p.Close, nil
+	})
 }
 
 // add queues a dial that returns the client's Close.
@@ -337,30 +366,10 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 	n := len(w.Sites)
 	central := 0
 	queue := bridge.WorkQueueName(wqGroup)
-	var receiverSite []int
 	pubs := make([]sitesPublisher, n)
 	var dl dialer
-	addReceiver := func(site int, dial func(index int) (sitesReceiver, error)) {
-		idx := len(receiverSite)
-		receiverSite = append(receiverSite, site)
-		dl.add(func() (func(), error) {
-			rc, err := dial(idx)
-			if err != nil {
-				return nil, err
-			}
-			return rc.Close, nil
-		})
-	}
-	addPublisher := func(i int, dial func() (sitesPublisher, error)) {
-		dl.add(func() (func(), error) {
-			p, err := dial()
-			if err != nil {
-				return nil, err
-			}
-			pubs[i] = p
-			return p.Close, nil
-		})
-	}
+	addReceiver := func(site int, dial func(index int) (sitesReceiver, error)) { dl.addReceiver(site, dial) }
+	addPublisher := func(i int, dial func() (sitesPublisher, error)) { dl.addPublisher(pubs, i, dial) }
 	setupBegan := time.Now()
 	cloud := -1
 	switch run.Architecture {
@@ -497,7 +506,7 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 			a := arrivals[i]
 			return pubs[a.Site], sitesMsgID(false, a.Site, a.Seq), sitesExpectation{Origin: a.Site}
 		}, ledger, rec, func(owed map[uint64]sitesExpectation) int { return len(owed) }, nil)
-	r.fill(run, m, receiverSite, cloud)
+	r.fill(run, m, dl.receiverSite, cloud)
 	return ctx.Err()
 }
 
@@ -512,31 +521,12 @@ func (r *sitesRunner) runPS(ctx context.Context, run *SitesRun, w psWorkload) er
 	rec, ledger := newSitesRecorder(), newPublishLedger()
 	central := 0
 	subsOf := make([][]int, len(w.Topics))
-	var receiverSite []int
 	pubs := make([]sitesPublisher, len(w.Producers))
 	var dl dialer
 	addReceiver := func(c psClient, dial func(index int) (sitesReceiver, error)) {
-		idx := len(receiverSite)
-		receiverSite = append(receiverSite, c.Site)
-		subsOf[c.Exchange] = append(subsOf[c.Exchange], idx)
-		dl.add(func() (func(), error) {
-			rc, err := dial(idx)
-			if err != nil {
-				return nil, err
-			}
-			return rc.Close, nil
-		})
+		subsOf[c.Exchange] = append(subsOf[c.Exchange], dl.addReceiver(c.Site, dial))
 	}
-	addPublisher := func(i int, dial func() (sitesPublisher, error)) {
-		dl.add(func() (func(), error) {
-			p, err := dial()
-			if err != nil {
-				return nil, err
-			}
-			pubs[i] = p
-			return p.Close, nil
-		})
-	}
+	addPublisher := func(i int, dial func() (sitesPublisher, error)) { dl.addPublisher(pubs, i, dial) }
 	setupBegan := time.Now()
 	cloud := -1
 	reconfig := run.Architecture == ArchReconfigConserve || run.Architecture == ArchReconfigDiscard
@@ -727,7 +717,7 @@ func (r *sitesRunner) runPS(ctx context.Context, run *SitesRun, w psWorkload) er
 			}
 			return n
 		}, during)
-	r.fill(run, m, receiverSite, cloud)
+	r.fill(run, m, dl.receiverSite, cloud)
 	if ctl != nil {
 		ctl.finish(run, r.cfg.ReconfigPeriod)
 	}
