@@ -17,6 +17,9 @@
 //	x-mqtt-retain      the retain flag
 //	x-mqtt-user        MQTT v5 user properties, as an array of [key, value]
 //	x-mqtt-response-topic, x-mqtt-correlation-data, x-mqtt-payload-format
+//	x-luffymq-work-groups
+//	                   the exported groups whose work queues had the
+//	                   message too (see Work queues), when there are any
 //
 // plus the AMQP properties message-id (unique per message), content-type,
 // timestamp and expiration (from the message expiry interval).
@@ -52,8 +55,17 @@
 // x-mqtt-topic header) instead of going to the group's members, whom the
 // bridge's OnSelectSubscribers hook — attached before the selection hook —
 // removes from the publish's recipients. Non-shared subscribers and other
-// groups get the publish as usual; imported pub/sub messages still go to
-// groups directly.
+// groups get the publish as usual.
+//
+// A topic both exported (Exports) and covered by an exported group is
+// published to the pub/sub exchange too, with the header
+// x-luffymq-work-groups naming the groups whose work queues got it. An
+// importer (a broker of another site, or another broker of this site) gives
+// such a message to its plain subscribers and non-exported groups but not
+// to the groups named there: they get it once, through the work queue,
+// wherever its overflow takes it. Imported messages without the header (a
+// group the origin does not export, or another publisher) go to groups
+// directly, as to any shared group.
 //
 // The bridge takes messages back with basic.get, one at a time, only while
 // some online member of the group has room (no delivery waiting behind the
@@ -203,6 +215,11 @@ const (
 	HeaderCorrelationData = "x-mqtt-correlation-data"
 	HeaderPayloadFormat   = "x-mqtt-payload-format"
 	OriginUserProperty    = "luffymq-origin-site"
+	// HeaderWorkGroups lists, on a pub/sub message, the exported groups
+	// (names <g>) whose work queue wq.<g> the origin broker also gave the
+	// message to: importers keep it from those groups' members, who get it
+	// through the work queue.
+	HeaderWorkGroups = "x-luffymq-work-groups"
 )
 
 // ImportQueueName returns the name of the import queue of one broker of a
@@ -245,6 +262,13 @@ type Bridge struct {
 	wqGen    atomic.Uint64
 	wqMu     sync.Mutex
 	wqStates map[string]wqState
+
+	// importMu makes pub/sub imports one at a time, so that importSkip,
+	// set for the duration of one injection, belongs to it.
+	importMu sync.Mutex
+	// importSkip holds the exported groups the message being imported
+	// must not reach (see skipQueuedGroups); nil outside an injection.
+	importSkip atomic.Pointer[[]*workGroup]
 
 	mu         sync.Mutex
 	started    bool
@@ -400,8 +424,10 @@ func (b *Bridge) export(cl *mqtt.Client, pk packets.Packet) {
 	if cl.Net.Inline && hasOriginProperty(pk.Properties.User) {
 		return // imported from another site: never exported again
 	}
+	var queued []*workGroup
 	if len(b.groups) > 0 {
 		b.exportWork(pk)
+		queued = b.matchGroups(pk.TopicName)
 	}
 	var pub *amqp.Publishing
 	for _, x := range b.exchanges {
@@ -417,6 +443,15 @@ func (b *Bridge) export(cl *mqtt.Client, pk packets.Packet) {
 		}
 		if pub == nil {
 			pub = b.publishing(pk)
+			if len(queued) > 0 {
+				// The exported groups had it through their work
+				// queues: importers must not give it to them again.
+				names := make([]interface{}, len(queued))
+				for i, g := range queued {
+					names[i] = g.name
+				}
+				pub.Headers[HeaderWorkGroups] = names
+			}
 		}
 		if !b.outbox.push(&outMsg{exchange: x.name, key: MQTTToAMQP(pk.TopicName), pub: *pub}) {
 			b.stats.warnDropped(b.log)
@@ -512,11 +547,57 @@ func (b *Bridge) inject(d amqp.Delivery) importResult {
 	if qos > 0 {
 		pk.PacketID = 1 // the inline client never acknowledges; Mochi only checks it is set
 	}
-	if err := b.server.InjectPacket(b.inline, pk); err != nil {
+	skip := b.queuedGroups(d.Headers)
+	b.importMu.Lock()
+	if len(skip) > 0 {
+		b.importSkip.Store(&skip)
+	}
+	err = b.server.InjectPacket(b.inline, pk)
+	b.importSkip.Store(nil)
+	b.importMu.Unlock()
+	if err != nil {
 		b.log.Warn("bridge: injecting remote message failed", "topic", topic, "error", err)
 		return importFailed
 	}
 	return importDelivered
+}
+
+// queuedGroups returns this broker's exported groups that the origin
+// broker of a pub/sub message named in its HeaderWorkGroups: it gave the
+// message to their work queues, through which they get it.
+func (b *Bridge) queuedGroups(h amqp.Table) []*workGroup {
+	names, _ := h[HeaderWorkGroups].([]interface{})
+	var out []*workGroup
+	for _, g := range b.groups {
+		for _, n := range names {
+			if s, _ := n.(string); s == g.name {
+				out = append(out, g)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// skipQueuedGroups (OnSelectSubscribers, while a pub/sub message is
+// imported) keeps the message from the exported groups that already had
+// it through their work queues: at this site when another broker of the
+// site published it, or at the origin site, whose work queue overflows to
+// this one. Only the injection that set importSkip qualifies: an inline
+// publish carrying the origin-site property that is not a work-queue
+// message (imports are one at a time, under importMu).
+func (b *Bridge) skipQueuedGroups(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
+	skip := b.importSkip.Load()
+	if skip == nil || pk.Origin != mqtt.InlineClientId || !hasOriginProperty(pk.Properties.User) {
+		return subs
+	}
+	if id := userProperty(pk.Properties.User, MessageIDUserProperty); id != "" && b.wqTrack.get(id) != nil {
+		return subs // a work-queue message, injected by another goroutine
+	}
+	for _, g := range *skip {
+		delete(subs.Shared, g.share)
+	}
+	return subs
 }
 
 func asInt(v interface{}) (int64, bool) {
@@ -606,7 +687,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 // OnSelectSubscribers routes exported groups' messages through their work
 // queues.
 func (h *hook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
-	return h.b.wqSelect(subs, pk)
+	return h.b.skipQueuedGroups(h.b.wqSelect(subs, pk), pk)
 }
 
 // OnQosPublish records which member carries a work-queue message.
