@@ -125,7 +125,7 @@ func New(cfg Config) (*Broker, error) {
 	// A client reconnecting while Mochi still tears down its previous
 	// connection waits for the teardown, before any hook sees it (see
 	// hooks.ReconnectOrderHook).
-	if b.reconnect, err = hooks.NewReconnectOrderHook(b.server.Clients, 0); err != nil {
+	if b.reconnect, err = hooks.NewReconnectOrderHook(b.server, 0); err != nil {
 		return nil, err
 	}
 	if err := b.server.AddHook(b.reconnect, nil); err != nil {

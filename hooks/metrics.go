@@ -341,8 +341,8 @@ type ReconnectOrderCollector struct {
 // NewReconnectOrderCollector returns a collector for hook's counters.
 func NewReconnectOrderCollector(hook *ReconnectOrderHook) *ReconnectOrderCollector {
 	return &ReconnectOrderCollector{hook: hook, waits: prometheus.NewDesc("luffymq_reconnect_teardown_waits_total",
-		"Connections that waited for the teardown of a previous connection with the same client ID, by outcome: done (the teardown finished) or timed_out (they went on after the bound).",
-		[]string{"outcome"}, nil)}
+		"Connections that waited for the teardown of a previous connection with the same client ID whose session ends with it, by kind: closing (it was already closing) or takeover (it was still open and the broker took it over, DISCONNECT 0x8E), and by outcome: done (the teardown finished) or timed_out (they went on after the bound).",
+		[]string{"kind", "outcome"}, nil)}
 }
 
 // Describe sends the descriptor.
@@ -350,7 +350,14 @@ func (c *ReconnectOrderCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c
 
 // Collect sends the current values.
 func (c *ReconnectOrderCollector) Collect(ch chan<- prometheus.Metric) {
-	waited, timedOut := c.hook.Waited.Load(), c.hook.TimedOut.Load()
-	ch <- prometheus.MustNewConstMetric(c.waits, prometheus.CounterValue, float64(waited-min(timedOut, waited)), "done")
-	ch <- prometheus.MustNewConstMetric(c.waits, prometheus.CounterValue, float64(timedOut), "timed_out")
+	for _, k := range []struct {
+		kind             string
+		waited, timedOut uint64
+	}{
+		{"closing", c.hook.Waited.Load(), c.hook.TimedOut.Load()},
+		{"takeover", c.hook.TookOver.Load(), c.hook.TakeoverTimedOut.Load()},
+	} {
+		ch <- prometheus.MustNewConstMetric(c.waits, prometheus.CounterValue, float64(k.waited-min(k.timedOut, k.waited)), k.kind, "done")
+		ch <- prometheus.MustNewConstMetric(c.waits, prometheus.CounterValue, float64(k.timedOut), k.kind, "timed_out")
+	}
 }

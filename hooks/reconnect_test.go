@@ -88,7 +88,7 @@ func TestReconnectDuringTeardown(t *testing.T) {
 			var reconnect *hooks.ReconnectOrderHook
 			if tc.withHook {
 				var err error
-				reconnect, err = hooks.NewReconnectOrderHook(server.Clients, 0)
+				reconnect, err = hooks.NewReconnectOrderHook(server, 0)
 				require.NoError(t, err)
 				require.NoError(t, server.AddHook(reconnect, nil))
 			}
@@ -157,11 +157,12 @@ func TestReconnectDuringTeardown(t *testing.T) {
 	}
 }
 
-// A connection whose predecessor is still open (a real takeover), or that
-// has no predecessor, never waits.
+// A connection that has no predecessor never waits; one whose predecessor
+// is still open takes it over without waiting for a teardown in progress
+// (the takeover race itself is in reconnect_takeover_test.go).
 func TestReconnectOrderHookDoesNotWaitWithoutATeardown(t *testing.T) {
 	server := mqtt.New(&mqtt.Options{InlineClient: false, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	reconnect, err := hooks.NewReconnectOrderHook(server.Clients, 0)
+	reconnect, err := hooks.NewReconnectOrderHook(server, 0)
 	require.NoError(t, err)
 	require.NoError(t, server.AddHook(reconnect, nil))
 	require.NoError(t, server.AddHook(new(auth.AllowHook), nil))
@@ -189,7 +190,9 @@ func TestReconnectOrderHookDoesNotWaitWithoutATeardown(t *testing.T) {
 	require.Eventually(t, func() bool { return downs.Load() == 1 }, 3*time.Second, 10*time.Millisecond,
 		"the first connection is told it was taken over")
 	require.Equal(t, uint64(0), reconnect.Waited.Load())
+	require.Equal(t, uint64(1), reconnect.TookOver.Load(), "the open predecessor was taken over by the hook")
+	require.Equal(t, uint64(0), reconnect.TakeoverTimedOut.Load())
 
 	_, err = hooks.NewReconnectOrderHook(nil, 0)
-	require.ErrorContains(t, err, "client registry is required")
+	require.ErrorContains(t, err, "the server and its client registry are required")
 }
