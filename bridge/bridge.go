@@ -333,7 +333,9 @@ func (b *Bridge) ImportQueue() string { return b.queue }
 
 // Attach adds the bridge's hook to s, which must have been created with
 // mqtt.Options{InlineClient: true}. Call it before s.Serve and, with
-// export groups, before adding the selection hook.
+// export groups, before adding the selection hook; then add WakeHook after
+// the selection hook, so the work-queue pull loops are woken once the
+// selection engine has counted a member's acknowledgement.
 func (b *Bridge) Attach(s *mqtt.Server) error {
 	inline, ok := s.Clients.Get(mqtt.InlineClientId)
 	if !ok || !s.Options.InlineClient {

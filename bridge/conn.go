@@ -218,13 +218,9 @@ func (b *Bridge) workQueueLoops(conn *amqp.Connection) ([]func(context.Context) 
 			return nil
 		}
 	}
-	events := func(c context.Context) error {
-		ch, err := conn.Channel()
-		if err != nil {
-			return err
-		}
-		return b.eventLoop(c, ch)
-	}
+	// The event agent opens its own channels: one to consume the events,
+	// one for the topology work (see eventLoop).
+	events := func(c context.Context) error { return b.eventLoop(c, conn) }
 	// The configuration agent opens its own channels: it may stand by.
 	config := func(c context.Context) error { return b.configLoop(c, conn) }
 	loops = append(loops, agent("config", config), agent("events", events))

@@ -33,7 +33,10 @@ type stats struct {
 	reconnects atomic.Uint64
 	// configsApplied and events count the site agent's work.
 	configsApplied, events atomic.Uint64
-	nacked                 atomic.Uint64
+	// eventAgentFailures counts the errors that stopped the event agent
+	// until the next connection.
+	eventAgentFailures atomic.Uint64
+	nacked             atomic.Uint64
 	// reconfig counts loss-free reconfiguration (reconfig.go).
 	reconfig reconfigCounters
 	lastWarn atomic.Int64 // unix nanos of the last outbox-full warning
@@ -66,6 +69,7 @@ func newStats(b *Bridge) *stats {
 			"wq_weight":   d("wq_weight", "Current consistent-hash weight of this site's intake (eq. 2.13).", "queue"),
 			"wq_depth":    d("wq_messages_in_queue", "Messages ready or unacknowledged in the work queue and intake (eq. 2.14).", "queue"),
 			"agent":       d("agent_actions_total", "Site agent actions: configuration messages applied, queue events handled.", "kind"),
+			"agent_fail":  d("agent_failures_total", "Errors that stopped a site agent until the next connection (events: the event agent).", "agent"),
 			"fed_links":   d("federation_links_changed_total", "Federation links the configuration agent added or removed (new links run before old ones go).", "change"),
 			"fed_moves":   d("federation_moves_total", "Configuration messages that removed federation links (a synchronisation site moved)."),
 			"cons_req":    d("conservation_requests_total", "Conservation requests about removed links: sent to their upstream (confirmed), answered in time, handled at this node.", "state"),
@@ -240,6 +244,7 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(s.descs["bindings"], prometheus.GaugeValue, float64(len(s.b.Bindings())))
 	ch <- prometheus.MustNewConstMetric(s.descs["agent"], prometheus.CounterValue, float64(s.configsApplied.Load()), "config_applied")
 	ch <- prometheus.MustNewConstMetric(s.descs["agent"], prometheus.CounterValue, float64(s.events.Load()), "queue_event")
+	ch <- prometheus.MustNewConstMetric(s.descs["agent_fail"], prometheus.CounterValue, float64(s.eventAgentFailures.Load()), "events")
 	r := s.b.ReconfigStats()
 	ch <- prometheus.MustNewConstMetric(s.descs["fed_links"], prometheus.CounterValue, float64(r.LinksAdded), "added")
 	ch <- prometheus.MustNewConstMetric(s.descs["fed_links"], prometheus.CounterValue, float64(r.LinksRemoved), "removed")

@@ -3,6 +3,7 @@ package bridge
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -46,10 +47,29 @@ type wqTracker struct {
 	byID     map[string]*pendingWork
 	byPacket map[packetKey]*pendingWork
 	perGroup map[string]int
+	// wakeDue holds the packets whose end the bridge hook settled and
+	// whose wake the wake hook sends, later in the same hook chain.
+	wakeDue map[packetKey]struct{}
+	// wakeHooked is set once the wake hook is attached: from then on it,
+	// not the bridge hook, wakes the consume loops.
+	wakeHooked atomic.Bool
 }
 
 func newWQTracker() *wqTracker {
-	return &wqTracker{byID: map[string]*pendingWork{}, byPacket: map[packetKey]*pendingWork{}, perGroup: map[string]int{}}
+	return &wqTracker{byID: map[string]*pendingWork{}, byPacket: map[packetKey]*pendingWork{}, perGroup: map[string]int{}, wakeDue: map[packetKey]struct{}{}}
+}
+
+// takeWake reports whether the end of (client, packetID) settled a
+// work-queue message whose wake is still due, and clears it.
+func (t *wqTracker) takeWake(client string, packetID uint16) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := packetKey{client, packetID}
+	if _, ok := t.wakeDue[k]; !ok {
+		return false
+	}
+	delete(t.wakeDue, k)
+	return true
 }
 
 // start registers p; it reports false when a message with the same ID is
@@ -369,13 +389,19 @@ func (b *Bridge) finishPacket(client string, packetID uint16, ack bool) {
 		return
 	}
 	t.removeLocked(p)
+	hooked := t.wakeHooked.Load()
+	if hooked {
+		t.wakeDue[packetKey{client, packetID}] = struct{}{}
+	}
 	t.mu.Unlock()
 	if ack {
 		b.sendSettle(settle{p: p, ack: true, why: "completed"})
 	} else {
 		b.sendSettle(settle{p: p, why: "requeued"})
 	}
-	b.wake()
+	if !hooked {
+		b.wake()
+	}
 }
 
 // wqDropped (OnPublishDropped) marks a message Mochi could not queue for
@@ -423,7 +449,9 @@ func (b *Bridge) wqDisconnect(client string) {
 	if len(lost) > 0 {
 		b.log.Info("bridge: member left with unacknowledged work; requeued", "client", client, "messages", len(lost))
 	}
-	b.wake()
+	if !t.wakeHooked.Load() {
+		b.wake()
+	}
 }
 
 // sweepStuck requeues messages no member took within DeliveryTimeout.
@@ -445,3 +473,58 @@ func (b *Bridge) sweepStuck(gen uint64) {
 		b.sendSettle(settle{p: p, why: "requeued"})
 	}
 }
+
+// WakeHook returns the hook that wakes the work-queue consume loops when a
+// member's PUBACK or PUBCOMP, a dropped delivery or a disconnection ended
+// work the bridge handed out. Add it to the Mochi server after the
+// selection hook (and after Attach): Mochi runs hooks in the order they
+// were added, so the loops wake only once the selection engine has counted
+// the event and see the member's room at once. Without it the bridge hook
+// wakes them itself, before the selection hook has run: a loop that looks
+// in between still sees the member busy and waits up to 10 ms more.
+func (b *Bridge) WakeHook() mqtt.Hook { return &wakeHook{b: b} }
+
+// wakeHook is the hook WakeHook returns.
+type wakeHook struct {
+	mqtt.HookBase
+	b *Bridge
+}
+
+// ID identifies the hook to Mochi.
+func (h *wakeHook) ID() string { return "luffymq-bridge-wake" }
+
+// Init hands the consume loops' wakes over to this hook.
+func (h *wakeHook) Init(any) error {
+	h.b.wqTrack.wakeHooked.Store(true)
+	return nil
+}
+
+// Provides tells Mochi which events the hook handles: those with which
+// the bridge hook settles work-queue messages.
+func (h *wakeHook) Provides(e byte) bool {
+	switch e {
+	case mqtt.OnQosComplete, mqtt.OnQosDropped, mqtt.OnDisconnect:
+		return len(h.b.groups) > 0
+	}
+	return false
+}
+
+// OnQosComplete wakes the consume loops when the acknowledgement settled
+// a work-queue message.
+func (h *wakeHook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
+	if h.b.wqTrack.takeWake(cl.ID, pk.PacketID) {
+		h.b.wake()
+	}
+}
+
+// OnQosDropped wakes the consume loops when the dropped delivery was a
+// work-queue message.
+func (h *wakeHook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
+	if h.b.wqTrack.takeWake(cl.ID, pk.PacketID) {
+		h.b.wake()
+	}
+}
+
+// OnDisconnect wakes the consume loops: the member's requeued messages and
+// the group's changed membership are for the others now.
+func (h *wakeHook) OnDisconnect(*mqtt.Client, error, bool) { h.b.wake() }

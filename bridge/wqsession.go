@@ -579,8 +579,31 @@ func (b *Bridge) applyConfigMessages(ctx context.Context, ch *amqp.Channel, q st
 // policy, and removes them when the queue goes. Groups this site exports
 // are retuned by retuneLoop; others keep the initial policy (eq. 2.12 with
 // one available member).
-func (b *Bridge) eventLoop(ctx context.Context, ch *amqp.Channel) error {
-	topo := ch
+//
+// Every broker of the site has an event agent, and each reacts to every
+// event: they race to create and remove the same entities. What another
+// agent already did counts as done, never as a failure (see
+// workQueueAppeared and workQueueRemoved). The topology work runs on a
+// channel of its own, so RabbitMQ closing it on an error never ends the
+// consumer of the event queue; a closed topology channel is replaced at
+// the next operation.
+//
+// A returned error (one RabbitMQ or the management API gave for another
+// reason than an entity already gone) stops the agent until the next
+// connection; it is counted in the agent_failures_total metric.
+func (b *Bridge) eventLoop(ctx context.Context, conn *amqp.Connection) (err error) {
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			b.stats.eventAgentFailures.Add(1)
+		}
+	}()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening event channel: %w", err)
+	}
+	defer ch.Close()
+	topo := &topologyChannel{conn: conn}
+	defer topo.close()
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		return fmt.Errorf("declaring event queue: %w", err)
@@ -617,34 +640,122 @@ func (b *Bridge) eventLoop(ctx context.Context, ch *amqp.Channel) error {
 			}
 			switch d.RoutingKey {
 			case "queue.created":
-				if err := declareOverflowTopology(topo, g, 1); err != nil {
+				if err := b.workQueueAppeared(topo, g); err != nil {
 					return err
 				}
-				if err := b.putWorkPolicy(g, b.cfg.WorkQueue.MaxLengthPerMember, b.cfg.WorkQueue.TTLPerMember); err != nil {
-					b.log.Warn("bridge: event agent could not set policy", "queue", name, "error", err)
-				}
 				b.stats.events.Add(1)
-				b.log.Debug("bridge: work queue appeared; overflow topology created", "queue", name)
 			case "queue.deleted":
-				res, err := b.rh.DeletePolicy(b.vhost(), WorkQueuePolicyPrefix+name)
-				if err != nil && (res == nil || res.StatusCode != http.StatusNotFound) {
-					b.log.Warn("bridge: event agent could not remove policy", "queue", name, "error", err)
-				}
-				for _, x := range []string{DeadLetterExchangeName(g), IntakeExchangeName(g), ringExchange(g, 0), ringExchange(g, 1)} {
-					if err := topo.ExchangeDelete(x, false, false); err != nil {
-						return fmt.Errorf("deleting exchange %s: %w", x, err)
-					}
-				}
-				if info, err := topo.QueueDeclarePassive(IntakeQueueName(g), true, false, false, false, nil); err == nil && info.Messages == 0 {
-					if _, err := topo.QueueDelete(IntakeQueueName(g), false, false, false); err != nil {
-						return fmt.Errorf("deleting queue %s: %w", IntakeQueueName(g), err)
-					}
-				} else if err != nil {
-					return fmt.Errorf("reading queue %s: %w", IntakeQueueName(g), err)
+				if err := b.workQueueRemoved(topo, g); err != nil {
+					return err
 				}
 				b.stats.events.Add(1)
-				b.log.Debug("bridge: work queue removed; overflow topology removed", "queue", name)
 			}
 		}
 	}
+}
+
+// topologyChannel is the event agent's channel for declaring and deleting
+// entities, opened on first use and again after RabbitMQ closed it.
+type topologyChannel struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+}
+
+// do runs op on the channel, opening one first if there is none open.
+func (t *topologyChannel) do(op func(*amqp.Channel) error) error {
+	if t.ch == nil || t.ch.IsClosed() {
+		ch, err := t.conn.Channel()
+		if err != nil {
+			return fmt.Errorf("opening event agent topology channel: %w", err)
+		}
+		t.ch = ch
+	}
+	return op(t.ch)
+}
+
+func (t *topologyChannel) close() {
+	if t.ch != nil {
+		_ = t.ch.Close()
+	}
+}
+
+// workQueueAppeared creates the overflow topology and the initial policy
+// of a wq.<g> queue that appeared. Every agent of the site does the same
+// declarations, which are idempotent. A NOT_FOUND while binding means an
+// exchange declared a moment before is gone: another agent removed the
+// topology because wq.<g> was deleted meanwhile. If wq.<g> is indeed gone
+// there is nothing to do (this agent's own queue.deleted event follows);
+// if it was re-created, the declarations are tried again.
+func (b *Bridge) workQueueAppeared(topo *topologyChannel, g string) error {
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		err := topo.do(func(ch *amqp.Channel) error { return declareOverflowTopology(ch, g, 1) })
+		if err == nil {
+			break
+		}
+		if !isAMQPCode(err, amqp.NotFound) || attempt == attempts {
+			return err
+		}
+		exists, qerr := queueExists(topo, WorkQueueName(g))
+		if qerr != nil {
+			return qerr
+		}
+		if !exists {
+			b.log.Debug("bridge: work queue deleted while its overflow topology was being created; another agent removes it", "queue", WorkQueueName(g))
+			return nil
+		}
+	}
+	if err := b.putWorkPolicy(g, b.cfg.WorkQueue.MaxLengthPerMember, b.cfg.WorkQueue.TTLPerMember); err != nil {
+		b.log.Warn("bridge: event agent could not set policy", "queue", WorkQueueName(g), "error", err)
+	}
+	b.log.Debug("bridge: work queue appeared; overflow topology created", "queue", WorkQueueName(g))
+	return nil
+}
+
+// workQueueRemoved removes the policy and overflow topology of a deleted
+// wq.<g> queue. An entity already gone — another broker's agent of the site
+// removed it first — counts as removed. The intake queue is deleted only
+// if empty, in one step (queue.delete with if-empty): what it holds stays.
+func (b *Bridge) workQueueRemoved(topo *topologyChannel, g string) error {
+	name := WorkQueueName(g)
+	res, err := b.rh.DeletePolicy(b.vhost(), WorkQueuePolicyPrefix+name)
+	if err != nil && (res == nil || res.StatusCode != http.StatusNotFound) {
+		b.log.Warn("bridge: event agent could not remove policy", "queue", name, "error", err)
+	}
+	for _, x := range []string{DeadLetterExchangeName(g), IntakeExchangeName(g), ringExchange(g, 0), ringExchange(g, 1)} {
+		err := topo.do(func(ch *amqp.Channel) error { return ch.ExchangeDelete(x, false, false) })
+		if err != nil && !isAMQPCode(err, amqp.NotFound) {
+			return fmt.Errorf("deleting exchange %s: %w", x, err)
+		}
+	}
+	intake := IntakeQueueName(g)
+	err = topo.do(func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(intake, false, true, false)
+		return err
+	})
+	switch {
+	case err == nil || isAMQPCode(err, amqp.NotFound):
+		b.log.Debug("bridge: work queue removed; overflow topology removed", "queue", name)
+	case isAMQPCode(err, amqp.PreconditionFailed):
+		b.log.Info("bridge: work queue removed; its intake queue still holds messages and is kept", "queue", name, "intake", intake)
+	default:
+		return fmt.Errorf("deleting queue %s: %w", intake, err)
+	}
+	return nil
+}
+
+// queueExists reports whether queue q exists, asking on topo (a passive
+// declaration of a missing queue closes the channel).
+func queueExists(topo *topologyChannel, q string) (bool, error) {
+	err := topo.do(func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		return err
+	})
+	switch {
+	case err == nil:
+		return true, nil
+	case isAMQPCode(err, amqp.NotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("reading queue %s: %w", q, err)
 }

@@ -206,6 +206,15 @@ func New(cfg Config) (*Broker, error) {
 	if err := b.server.AddHook(b.selection, nil); err != nil {
 		return nil, fmt.Errorf("adding selection hook: %w", err)
 	}
+	// The bridge's wake hook goes after the selection hook: it wakes the
+	// work-queue pull loops on a member's PUBACK, PUBCOMP or disconnection,
+	// and they must find the engine already counting it, or they see the
+	// member still busy and sleep up to 10 ms before looking again.
+	if b.bridge != nil {
+		if err := b.server.AddHook(b.bridge.WakeHook(), nil); err != nil {
+			return nil, fmt.Errorf("adding bridge wake hook: %w", err)
+		}
+	}
 	b.connections = new(hooks.ConnectionCounterHook)
 	if err := b.server.AddHook(b.connections, nil); err != nil {
 		return nil, fmt.Errorf("adding connection counter hook: %w", err)
