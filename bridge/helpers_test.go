@@ -23,36 +23,23 @@ import (
 // testSites are the sites of the shared RabbitMQ nodes.
 var testSites = []string{"berlin", "tunis", "montreal"}
 
+// nodes are the package's RabbitMQ nodes, one per test site, started in
+// parallel on first use and stopped by TestMain.
+var nodes = rabbitharness.NewShared(rabbitharness.Config{Sites: testSites})
+
 var (
-	nodesOnce sync.Once
-	nodes     *rabbitharness.Harness
-	nodesErr  error
-	fedOnce   sync.Once
-	fedErr    error
+	fedOnce sync.Once
+	fedErr  error
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if nodes != nil {
-		_ = nodes.Close()
-	}
+	_ = nodes.Close()
 	os.Exit(code)
 }
 
-// sharedNodes returns the package's RabbitMQ nodes, one per test site,
-// started in parallel on first use and stopped by TestMain.
-func sharedNodes(t *testing.T) *rabbitharness.Harness {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("starts RabbitMQ nodes")
-	}
-	rabbitharness.SkipIfUnavailable(t)
-	nodesOnce.Do(func() {
-		nodes, nodesErr = rabbitharness.Start(context.Background(), rabbitharness.Config{Sites: testSites})
-	})
-	require.NoError(t, nodesErr)
-	return nodes
-}
+// sharedNodes returns the package's RabbitMQ nodes.
+func sharedNodes(t *testing.T) *rabbitharness.Harness { return nodes.Get(t) }
 
 // federatedNodes returns the shared nodes joined in a full mesh through
 // latency links (max-hops 1).

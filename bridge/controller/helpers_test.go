@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,34 +24,18 @@ import (
 // names onto them and isolate themselves in a virtual host each.
 var nodeSites = []string{"berlin", "tunis", "tokyo"}
 
-var (
-	nodesOnce sync.Once
-	nodes     *rabbitharness.Harness
-	nodesErr  error
-)
+// nodes are the package's three RabbitMQ nodes, started on first use and
+// stopped by TestMain.
+var nodes = rabbitharness.NewShared(rabbitharness.Config{Sites: nodeSites})
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if nodes != nil {
-		_ = nodes.Close()
-	}
+	_ = nodes.Close()
 	os.Exit(code)
 }
 
-// sharedNodes returns the package's three RabbitMQ nodes, started on first
-// use and stopped by TestMain.
-func sharedNodes(t *testing.T) *rabbitharness.Harness {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("starts RabbitMQ nodes")
-	}
-	rabbitharness.SkipIfUnavailable(t)
-	nodesOnce.Do(func() {
-		nodes, nodesErr = rabbitharness.Start(context.Background(), rabbitharness.Config{Sites: nodeSites})
-	})
-	require.NoError(t, nodesErr)
-	return nodes
-}
+// sharedNodes returns the package's RabbitMQ nodes.
+func sharedNodes(t *testing.T) *rabbitharness.Harness { return nodes.Get(t) }
 
 // testVhost creates a fresh virtual host on every node, open to the
 // harness user, and deletes it when t ends.
