@@ -16,27 +16,36 @@ package bridge
 //     (duplicates, which importers drop by message ID, but no loss);
 //  3. waits FederationConfig.OldLinkGrace, so that messages already on
 //     their way through the old links arrive;
-//  4. asks the upstream node of every link it is about to remove to
-//     conserve what the link holds there: a conservation request, published
+//  4. asks the upstream node of every link it is about to remove to take
+//     what the link holds there: a conservation request, published
 //     through the link's own URI to that node's queue ConserveQueueName,
-//     with confirms, and waits (at most 40 s) for the answer, which comes
-//     on direct reply-to once the upstream has detached and drained the
-//     link's queue;
-//  5. removes the old links and waits until RabbitMQ has stopped them.
+//     with confirms, and waits for the answer on direct reply-to;
+//  5. removes an old link only when it may: its upstream answered that it
+//     took what the link's queue held, or the link is not running (not
+//     connected, so RabbitMQ cannot delete its queue: the request is then
+//     sent again in the background until it is delivered, for as long as
+//     a link queue may live there, FederationConfig.Expires). Every other
+//     old link stays: the configuration fails and is applied again a
+//     second later (both sets run meanwhile: duplicates, no loss).
 //
-// A request that cannot be delivered (the upstream is cut off, which is
-// also when the link could not deliver what it holds) is sent again in the
-// background until it is, for as long as a link queue may live there
-// (FederationConfig.Expires). A link removed while cut off leaves its queue
-// on the upstream, still bound; one removed while connected has it deleted
-// by RabbitMQ, which is why the request goes first.
+// Why the downstream must not remove a running link before the answer:
+// RabbitMQ (3.10) stops a removed link with reason shutdown, and a link
+// stopped that way while connected deletes its queue on the upstream
+// (queue.delete, not if-empty) with what is still in it and with what the
+// link has received and not yet forwarded. The same happens when a running
+// link restarts ({shutdown, restart}) while connected: after a 404 on a
+// binding command (its upstream exchange is gone) or when its periodic
+// check misses that exchange. A link queue's name depends only on the
+// upstream exchange and the downstream node and exchange, not on the
+// upstream's name: a later link from the same downstream for the same
+// exchange uses the same queue.
 //
-// The site agent of the upstream node (conserveAgent) takes the requests.
-// For each it finds the link's queue precisely through its own management
-// API: the exchange of type x-federation-upstream whose x-downstream-name
+// The site agent of the upstream node (conserveAgent) takes the requests,
+// several at once, one at a time per queue. For each it finds the link's
+// queue by the name RabbitMQ gives it, and through its own management API
+// by the exchanges of type x-federation-upstream whose x-downstream-name
 // and x-downstream-vhost arguments name the requesting node and to which
-// the requested exchange is bound, and the queue (argument
-// x-internal-purpose "federation") bound to it. It then
+// the requested exchange is bound (the link's "feeds"). It then
 //
 //   - waits (up to 30 s) until other federation links of the exchange
 //     carry what the removed one carried: for every binding of the old
@@ -45,33 +54,53 @@ package bridge
 //     key made for the same site. The sites move one by one, each at its
 //     own pace: the new links towards those sites may still be starting.
 //     Bindings made for the requesting site itself are left out when that
-//     site no longer federates the exchange at all;
-//   - deletes the old link's exchange, so nothing more arrives in the
-//     queue;
-//   - with conservation on (the default), takes the queue's messages
-//     (basic.get), re-publishes each into the exchange the link read,
-//     with its properties and headers (x-luffymq-origin, message-id, …)
-//     except x-received-from, federation's record of the links it crossed
-//     (the message is routed as if published here, so it follows the new
-//     links), waits for RabbitMQ's confirm and only then acknowledges it in
-//     the old queue;
-//   - answers the request;
-//   - once no link consumes the queue any more and basic.get finds it
-//     empty, deletes it if it is still empty, and drains on otherwise (a
-//     link that was still connected takes part of the queue itself until
-//     it is removed; RabbitMQ deletes the queue of a link it stops while
-//     connected);
-//   - with DiscardHeldOnMove, re-publishes nothing and deletes the queue
-//     with what it holds once no link consumes it, counting the messages:
-//     the behaviour the thesis measured without conservation.
+//     site no longer federates the exchange at all. If they are not there
+//     in time, it touches nothing and answers "not taken" (the downstream
+//     keeps its link and asks again); a request nobody waits for is taken
+//     again a few seconds later;
+//   - takes custody of what the queue holds, without deleting anything
+//     the link uses (so the link does not restart and delete its queue):
+//     it closes the connection of any consumer of the queue (the link's),
+//     which gives what the link had received and not yet forwarded back to
+//     the queue, takes the queue's messages (basic.get) and re-publishes
+//     each into the exchange the link read, with its properties and
+//     headers (x-luffymq-origin, message-id, …) except x-received-from,
+//     federation's record of the links it crossed (the message is routed
+//     as if published here, so it follows the new links), waits for
+//     RabbitMQ's confirm and only then acknowledges it in the old queue. A
+//     link that reconnects is closed again (RabbitMQ delays its restarts
+//     after the first one by the link's reconnect delay), until the queue
+//     is empty with no consumer;
+//   - answers the request ("taken"); the downstream removes its link;
+//   - once no link has consumed the queue for a while (2 s, longer than
+//     a link's reconnect delay; at once when the downstream removed the
+//     link already), deletes the queue's feeds, re-publishes what reached
+//     the queue meanwhile and deletes the queue if it is still unused and
+//     empty;
+//   - with DiscardHeldOnMove, re-publishes nothing: it deletes the feeds,
+//     answers, and deletes the queue with what it holds once no link
+//     consumes it, counting the messages: the behaviour the thesis
+//     measured without conservation.
 //
-// A re-published message can reach sites that already had it through the
-// new links; their importers drop it by message ID (Config.DedupWindow).
-// What is not covered: a message published before the new links existed
-// that is still travelling towards the old upstream longer than
-// OldLinkGrace after they run arrives after the detach and is not routed
-// there any more; and one node must not be reachable under two URIs in one
-// configuration (its two links would share one queue).
+// Every re-published message carries x-luffymq-conserved (this node's
+// cluster name and the time): a copy of it that comes back into a queue
+// in custody here (still bound to its feed) is dropped there, since the
+// links that cover that queue carried it. A re-published message can also
+// reach sites that already had it through the new links; their importers
+// drop it by message ID (Config.DedupWindow). Requests and every step are
+// idempotent: an agent that stops half-way leaves the request
+// unacknowledged, and the next one finds the queue again by its name.
+//
+// Bounds: messages are kept as long as RabbitMQ keeps them in the link
+// queue (FederationConfig.MessageTTL, and Expires for a queue nobody
+// uses); a downstream that cannot reach its upstream removes a link that
+// does not run, leaving the queue, which is taken once the request gets
+// through. What is not covered: a message that crossed the old link before
+// the agent took custody and is still on its way on to another site
+// through the old synchronisation site may be stopped there by max-hops
+// once that site's own old links are gone; and one node must not be
+// reachable under two URIs in one configuration (its two links would share
+// one queue).
 
 import (
 	"context"
@@ -79,10 +108,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
@@ -106,19 +137,17 @@ const (
 	federationPurposeArg           = "x-internal-purpose"
 	federationReceivedFromHeader   = "x-received-from"
 	federationBoundFromArg         = "x-bound-from"
+	federationQueuePrefix          = "federation: "
 	directReplyTo                  = "amq.rabbitmq.reply-to"
 )
 
+// conservedHeader marks a re-published message: "<cluster name> <Unix
+// time in ns>" of the node and moment it was re-published.
+const conservedHeader = "x-luffymq-conserved"
+
 const (
-	// conserveCoverWait bounds how long the upstream waits for other links
-	// to carry what a removed link carried before it detaches its queue.
-	conserveCoverWait = 30 * time.Second
-	// conserveReplyWait bounds how long a downstream waits for the answer
-	// to a request before it removes the link anyway.
-	conserveReplyWait = conserveCoverWait + 10*time.Second
-	// conserveConsumedWait bounds how long the upstream waits for a link
-	// to stop consuming a queue it was asked to conserve.
-	conserveConsumedWait = 2 * time.Minute
+	// conserveParallel is how many requests an agent works on at once.
+	conserveParallel = 16
 	// conserveRetryMax is the longest pause between two attempts to
 	// deliver a request.
 	conserveRetryMax = 250 * time.Millisecond
@@ -126,6 +155,59 @@ const (
 	// waiting for their confirms.
 	republishWindow = 64
 )
+
+// conserveTimings bound the steps of loss-free reconfiguration.
+type conserveTimings struct {
+	// CoverWait bounds how long the upstream waits for other links to
+	// carry what a removed link carried before it takes custody.
+	CoverWait time.Duration
+	// ReplyWait bounds how long a downstream waits for the answer to a
+	// request; without it, a running link stays.
+	ReplyWait time.Duration
+	// AgentWait bounds how long a downstream waits for an agent to
+	// consume the upstream's ConserveQueueName.
+	AgentWait time.Duration
+	// CustodyWait bounds the upstream's attempts to find the link's queue
+	// empty with no consumer.
+	CustodyWait time.Duration
+	// ConsumedWait bounds how long the upstream waits, after answering,
+	// for the link to stop consuming the queue.
+	ConsumedWait time.Duration
+	// IdleBeforeDelete is how long the queue has no consumer before the
+	// upstream deletes its feeds and itself (longer than a link's
+	// reconnect delay, so a link that is only reconnecting keeps them).
+	IdleBeforeDelete time.Duration
+	// RetryPause is how long a request nobody waits for is put aside when
+	// the new links do not carry the old one's bindings yet.
+	RetryPause time.Duration
+}
+
+func defaultConserveTimings() *conserveTimings {
+	const cover = 30 * time.Second
+	return &conserveTimings{
+		CoverWait:        cover,
+		ReplyWait:        cover + 20*time.Second,
+		AgentWait:        10 * time.Second,
+		CustodyWait:      15 * time.Second,
+		ConsumedWait:     2 * time.Minute,
+		IdleBeforeDelete: 2 * time.Second,
+		RetryPause:       5 * time.Second,
+	}
+}
+
+// Timings in use and the hook called as an agent takes a request; tests
+// change them (reconfig_export_test.go).
+var (
+	conserveTimingsNow atomic.Pointer[conserveTimings]
+	conserveTakeHook   atomic.Pointer[func(conserveRequest)]
+)
+
+func timings() conserveTimings {
+	if t := conserveTimingsNow.Load(); t != nil {
+		return *t
+	}
+	return *defaultConserveTimings()
+}
 
 // conserveRequest asks the agent of an upstream node to conserve the queue
 // a removed federation link left there.
@@ -141,17 +223,29 @@ type conserveRequest struct {
 	// Left says the downstream no longer federates the exchange at all:
 	// what the link carried for the downstream itself needs no other link.
 	Left bool `json:"left"`
-	// Site, Upstream and LocalExchange say, for logs, who asks and which
-	// link it removed.
+	// LocalExchange is the downstream exchange the link fed (part of the
+	// name of the link's queue); Site and Upstream say, for logs, who
+	// asks and which link it removed.
 	Site          string `json:"site"`
 	Upstream      string `json:"upstream"`
 	LocalExchange string `json:"local_exchange"`
+	// GiveUpAt (Unix ms) is when a request nobody waits for is dropped:
+	// no link queue lives longer (FederationConfig.Expires).
+	GiveUpAt int64 `json:"give_up_at,omitempty"`
+	// Removed says the downstream removed the link already (it did not
+	// run): the queue's feeds may go as soon as the queue is taken.
+	Removed bool `json:"removed,omitempty"`
 }
 
-// conserveReply answers a request once the queue is detached (and, with
-// conservation, drained once).
+// conserveReply answers a request.
 type conserveReply struct {
-	Found     bool   `json:"found"`
+	// Found says the link's queue was there.
+	Found bool `json:"found"`
+	// Taken says the downstream may remove its link: nothing it holds is
+	// lost with its queue (everything was re-published, or discarded on
+	// request, or there was no queue).
+	Taken bool `json:"taken"`
+	// Conserved and Discarded count the messages.
 	Conserved uint64 `json:"conserved"`
 	Discarded uint64 `json:"discarded"`
 }
@@ -162,8 +256,9 @@ type ReconfigStats struct {
 	// LinksAdded and LinksRemoved count the links they added and removed.
 	Moves, LinksAdded, LinksRemoved uint64
 	// RequestsSent counts conservation requests delivered to the upstream
-	// of a removed link (RequestsAnswered of them answered in time);
-	// RequestsPending those waiting for their upstream to be reachable.
+	// of a removed link (RequestsAnswered of them answered in time that
+	// the upstream took what the link held); RequestsPending those
+	// waiting for their upstream to be reachable.
 	RequestsSent, RequestsAnswered uint64
 	RequestsPending                int64
 	// RequestsHandled counts the requests this site's node received;
@@ -261,7 +356,63 @@ func assignSlots(current map[string][]exchangeLink, want []ExchangeFederation) (
 // the management API calls.
 func reconfigureTimeout(fc FederationConfig) time.Duration {
 	fc, _ = fc.withDefaults()
-	return fc.LinkWait + 2*fc.OldLinkGrace + conserveReplyWait + time.Minute
+	t := timings()
+	return fc.LinkWait + 2*fc.OldLinkGrace + t.AgentWait + t.ReplyWait + time.Minute
+}
+
+// conserveOutcome is what a downstream learnt from one conservation
+// request.
+type conserveOutcome int
+
+const (
+	// conserveTaken: the upstream took what the link's queue held (or
+	// there was no queue): the link may go.
+	conserveTaken conserveOutcome = iota
+	// conserveUndelivered: the request could not be delivered (the
+	// upstream is cut off).
+	conserveUndelivered
+	// conserveNoAgent: the upstream is reachable but no agent consumes
+	// its requests.
+	conserveNoAgent
+	// conserveNotTaken: the request was delivered and not answered in
+	// time, or answered "not taken".
+	conserveNotTaken
+	// conserveDelivered: delivered, no answer asked for (background
+	// retries).
+	conserveDelivered
+)
+
+func (o conserveOutcome) String() string {
+	switch o {
+	case conserveTaken:
+		return "taken"
+	case conserveUndelivered:
+		return "undelivered"
+	case conserveNoAgent:
+		return "no agent"
+	case conserveNotTaken:
+		return "not taken"
+	case conserveDelivered:
+		return "delivered"
+	}
+	return "outcome " + strconv.Itoa(int(o))
+}
+
+// decideRemoval says whether an old link may be removed after its
+// conservation request had outcome o, and whether the request must then be
+// sent again in the background. A running link is connected: removing it
+// makes RabbitMQ delete its queue on the upstream, so it goes only once
+// the upstream took what it holds. A link that does not run cannot delete
+// its queue; it goes, and the upstream takes the queue when a request gets
+// through.
+func decideRemoval(o conserveOutcome, running bool) (remove, retry bool) {
+	if o == conserveTaken {
+		return true, false
+	}
+	if running {
+		return false, false
+	}
+	return true, true
 }
 
 // applyConfiguration applies a configuration message's federations with
@@ -333,7 +484,7 @@ func (b *Bridge) applyConfiguration(ctx context.Context, fc FederationConfig) er
 	if !sleepCtx(ctx, fc.OldLinkGrace) {
 		return ctx.Err()
 	}
-	// 4. The old upstreams conserve what the old links hold.
+	// 4. The old upstreams take what the old links hold.
 	self, err := rh.GetClusterName()
 	if err != nil {
 		return fmt.Errorf("federation: reading the cluster name of %s: %w", fc.ManagementURL, err)
@@ -342,52 +493,79 @@ func (b *Bridge) applyConfiguration(ctx context.Context, fc FederationConfig) er
 	for _, x := range want {
 		kept[x.Exchange] = len(x.Upstreams) > 0
 	}
+	reqs := make([]conserveRequest, len(removed))
+	outcomes := make([]conserveOutcome, len(removed))
 	var wg sync.WaitGroup
-	answered := false
-	var mu sync.Mutex
-	for _, l := range removed {
-		req := conserveRequest{
+	for i, l := range removed {
+		reqs[i] = conserveRequest{
 			Exchange: l.readExchange(), Downstream: self.Name, DownstreamVhost: fc.Vhost, Discard: fc.DiscardHeldOnMove,
 			Left: !kept[l.exchange], Site: b.cfg.Site, Upstream: l.name, LocalExchange: l.exchange,
+			GiveUpAt: time.Now().Add(fc.Expires).UnixMilli(),
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			delivered, replied, err := b.sendConservation(ctx, l.uri, req, conserveReplyWait)
-			if !delivered {
-				b.log.Warn("bridge: upstream of a removed federation link unreachable; will ask it to conserve the link's queue once it is reachable",
-					"upstream", l.name, "uri", redact(l.uri), "exchange", l.exchange, "error", err)
-				b.retryConservation(l.uri, req, fc.Expires)
-				return
-			}
-			if replied {
-				mu.Lock()
-				answered = true
-				mu.Unlock()
+			var err error
+			outcomes[i], err = b.sendConservation(ctx, l.uri, reqs[i], timings().ReplyWait)
+			if outcomes[i] != conserveTaken {
+				b.log.Info("bridge: upstream of an old federation link did not take what the link holds", "upstream", l.name, "uri", redact(l.uri),
+					"exchange", l.exchange, "outcome", outcomes[i].String(), "error", err)
 			}
 		}()
 	}
 	wg.Wait()
-	if answered {
-		// Let what a connected old link still carries be confirmed.
-		if !sleepCtx(ctx, min(fc.OldLinkGrace, 500*time.Millisecond)) {
-			return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// 5. The old links that may go, go.
+	running := map[string]bool{}
+	if slices.ContainsFunc(outcomes, func(o conserveOutcome) bool { return o != conserveTaken }) {
+		links, err := FederationLinks(ctx, fc.ManagementURL, fc.Username, fc.Password)
+		if err != nil {
+			return fmt.Errorf("%w; the old links stay", err)
+		}
+		for _, l := range links {
+			running[l.Upstream] = running[l.Upstream] || l.Status == "running"
 		}
 	}
-	// 5. The old links go.
+	var gone, stay []exchangeLink
+	for i, l := range removed {
+		remove, retry := decideRemoval(outcomes[i], running[l.name])
+		if !remove {
+			stay = append(stay, l)
+			continue
+		}
+		gone = append(gone, l)
+		if retry {
+			b.log.Warn("bridge: old federation link does not run and its upstream did not take what it holds; removing it (its queue stays there) and asking the upstream again in the background",
+				"upstream", l.name, "uri", redact(l.uri), "exchange", l.exchange, "outcome", outcomes[i].String())
+			reqs[i].Removed = true
+			b.retryConservation(l.uri, reqs[i], fc.Expires)
+		}
+	}
+	final.Exchanges = withLinks(want, stay)
 	if err := ApplyFederation(ctx, final); err != nil {
 		return err
 	}
-	b.stats.reconfig.moves.Add(1)
-	b.stats.reconfig.linksRemoved.Add(uint64(len(removed)))
-	names := make([]string, len(removed))
-	for i, l := range removed {
+	names := make([]string, len(gone))
+	for i, l := range gone {
 		names[i] = l.name
 	}
-	if err := waitLinksGone(ctx, rh, names, 10*time.Second); err != nil {
-		b.log.Warn("bridge: removed federation links still reported", "error", err)
+	if len(gone) > 0 {
+		b.stats.reconfig.moves.Add(1)
+		b.stats.reconfig.linksRemoved.Add(uint64(len(gone)))
+		if err := waitLinksGone(ctx, rh, names, 10*time.Second); err != nil {
+			b.log.Warn("bridge: removed federation links still reported", "error", err)
+		}
+		b.log.Info("bridge: federation links moved", "added", added, "removed", names, "discard_held", fc.DiscardHeldOnMove)
 	}
-	b.log.Info("bridge: federation links moved", "added", added, "removed", names, "discard_held", fc.DiscardHeldOnMove)
+	if len(stay) > 0 {
+		left := make([]string, len(stay))
+		for i, l := range stay {
+			left[i] = l.name
+		}
+		return fmt.Errorf("federation: old links %v still run and their upstreams have not taken what they hold; they stay until they have", left)
+	}
 	return nil
 }
 
@@ -483,9 +661,10 @@ func waitLinksGone(ctx context.Context, rh *rabbithole.Client, names []string, w
 	}
 }
 
-// sendConservation delivers req to the node at uri (with confirms) and
-// waits up to replyWait for its answer.
-func (b *Bridge) sendConservation(ctx context.Context, uri string, req conserveRequest, replyWait time.Duration) (delivered, replied bool, err error) {
+// sendConservation delivers req to the node at uri (with confirms) and,
+// when replyWait is positive, waits that long for an agent to consume the
+// requests there and then for its answer.
+func (b *Bridge) sendConservation(ctx context.Context, uri string, req conserveRequest, replyWait time.Duration) (conserveOutcome, error) {
 	conn, err := amqp.DialConfig(uri, amqp.Config{
 		Heartbeat:  b.cfg.Heartbeat,
 		Locale:     "en_US",
@@ -493,30 +672,45 @@ func (b *Bridge) sendConservation(ctx context.Context, uri string, req conserveR
 		Properties: amqp.Table{"connection_name": "luffymq-reconfig-" + b.cfg.Site},
 	})
 	if err != nil {
-		return false, false, err
+		return conserveUndelivered, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return false, false, err
+		return conserveUndelivered, err
 	}
 	if err := ch.Confirm(false); err != nil {
-		return false, false, err
+		return conserveUndelivered, err
 	}
-	if _, err := ch.QueueDeclare(ConserveQueueName, true, false, false, false, nil); err != nil {
-		return false, false, fmt.Errorf("declaring %s: %w", ConserveQueueName, err)
+	q, err := ch.QueueDeclare(ConserveQueueName, true, false, false, false, nil)
+	if err != nil {
+		return conserveUndelivered, fmt.Errorf("declaring %s: %w", ConserveQueueName, err)
 	}
 	var replies <-chan amqp.Delivery
 	replyTo := ""
 	if replyWait > 0 {
+		// Nobody would answer: the link stays (or goes if it does not
+		// run, and the request follows in the background).
+		deadline := time.Now().Add(timings().AgentWait)
+		for q.Consumers == 0 {
+			if time.Now().After(deadline) {
+				return conserveNoAgent, fmt.Errorf("no agent consumes %s", ConserveQueueName)
+			}
+			if !sleepCtx(ctx, 250*time.Millisecond) {
+				return conserveNoAgent, ctx.Err()
+			}
+			if q, err = ch.QueueDeclarePassive(ConserveQueueName, true, false, false, false, nil); err != nil {
+				return conserveUndelivered, fmt.Errorf("declaring %s: %w", ConserveQueueName, err)
+			}
+		}
 		if replies, err = ch.Consume(directReplyTo, "", true, false, false, false, nil); err != nil {
-			return false, false, fmt.Errorf("consuming %s: %w", directReplyTo, err)
+			return conserveUndelivered, fmt.Errorf("consuming %s: %w", directReplyTo, err)
 		}
 		replyTo = directReplyTo
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
-		return false, false, err
+		return conserveUndelivered, err
 	}
 	id := b.cfg.Site + "-" + randomHex(8)
 	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", ConserveQueueName, false, false, amqp.Publishing{
@@ -524,31 +718,39 @@ func (b *Bridge) sendConservation(ctx context.Context, uri string, req conserveR
 		CorrelationId: id, MessageId: id, Timestamp: time.Now(), AppId: "luffymq", Body: body,
 	})
 	if err != nil {
-		return false, false, err
+		return conserveUndelivered, err
 	}
 	if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-		return false, false, errors.Join(errors.New("request not confirmed"), err)
+		return conserveUndelivered, errors.Join(errors.New("request not confirmed"), err)
 	}
 	b.stats.reconfig.requestsSent.Add(1)
 	if replyWait <= 0 {
-		return true, false, nil
+		return conserveDelivered, nil
 	}
 	t := time.NewTimer(replyWait)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return true, false, ctx.Err()
+			return conserveNotTaken, ctx.Err()
 		case <-t.C:
-			return true, false, nil
+			return conserveNotTaken, fmt.Errorf("no answer within %v", replyWait)
 		case d, ok := <-replies:
 			if !ok {
-				return true, false, nil
+				return conserveNotTaken, errors.New("connection to the upstream lost before the answer")
 			}
-			if d.CorrelationId == id {
-				b.stats.reconfig.requestsAnswered.Add(1)
-				return true, true, nil
+			if d.CorrelationId != id {
+				continue
 			}
+			var r conserveReply
+			if err := json.Unmarshal(d.Body, &r); err != nil {
+				return conserveNotTaken, fmt.Errorf("invalid answer: %w", err)
+			}
+			if !r.Taken {
+				return conserveNotTaken, errors.New("the upstream's agent has not taken the link's queue (other links do not carry its bindings yet, or the link kept consuming it)")
+			}
+			b.stats.reconfig.requestsAnswered.Add(1)
+			return conserveTaken, nil
 		}
 	}
 }
@@ -579,7 +781,7 @@ func (b *Bridge) retryConservation(uri string, req conserveRequest, giveUp time.
 				return
 			}
 			pause = min(2*pause, conserveRetryMax)
-			if delivered, _, _ := b.sendConservation(ctx, uri, req, 0); delivered {
+			if o, _ := b.sendConservation(ctx, uri, req, 0); o == conserveDelivered {
 				b.log.Info("bridge: conservation request delivered", "upstream", req.Upstream, "uri", redact(uri))
 				return
 			}
@@ -597,6 +799,11 @@ func (b *Bridge) conserveAgent(ctx context.Context) {
 	}
 }
 
+// errTakeLater says a request nobody waits for could not be carried out
+// yet (the new links do not carry the old one's bindings): it goes back to
+// the queue after timings().RetryPause.
+var errTakeLater = errors.New("other links do not carry the old link's bindings yet")
+
 func (b *Bridge) serveConservation(ctx context.Context) error {
 	conn, err := amqp.DialConfig(b.cfg.AMQPURL, amqp.Config{
 		Heartbeat:  b.cfg.Heartbeat,
@@ -612,7 +819,7 @@ func (b *Bridge) serveConservation(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := ch.Qos(1, 0, false); err != nil {
+	if err := ch.Qos(conserveParallel, 0, false); err != nil {
 		return err
 	}
 	if _, err := ch.QueueDeclare(ConserveQueueName, true, false, false, false, nil); err != nil {
@@ -622,6 +829,13 @@ func (b *Bridge) serveConservation(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consuming %s: %w", ConserveQueueName, err)
 	}
+	// Requests run side by side (each may wait for other links for a
+	// while), one at a time per queue; they stop with the session.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	locks := &queueLocks{m: map[string]*sync.Mutex{}}
 	for {
 		select {
 		case <-ctx.Done():
@@ -636,29 +850,97 @@ func (b *Bridge) serveConservation(ctx context.Context) error {
 				_ = d.Ack(false)
 				continue
 			}
-			if err := b.conserve(ctx, conn, req, d.ReplyTo, d.CorrelationId); err != nil {
-				_ = d.Nack(false, true)
-				return fmt.Errorf("conserving the queue of %s's link from %s: %w", req.Site, req.Exchange, err)
-			}
-			b.stats.reconfig.requestsHandled.Add(1)
-			_ = d.Ack(false)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if hook := conserveTakeHook.Load(); hook != nil {
+					(*hook)(req)
+				}
+				err := b.conserve(sctx, conn, locks, req, d.ReplyTo, d.CorrelationId)
+				switch {
+				case err == nil:
+					b.stats.reconfig.requestsHandled.Add(1)
+					_ = d.Ack(false)
+				case errors.Is(err, errTakeLater) && req.GiveUpAt > 0 && time.Now().UnixMilli() > req.GiveUpAt:
+					b.log.Warn("bridge: gave up conserving the queue of a removed federation link: other links never carried its bindings",
+						"downstream_site", req.Site, "exchange", req.Exchange)
+					_ = d.Ack(false)
+				default:
+					if !errors.Is(err, errTakeLater) && sctx.Err() == nil {
+						b.log.Warn("bridge: conserving the queue of a removed federation link failed; will try again", "downstream_site", req.Site,
+							"exchange", req.Exchange, "error", err)
+					}
+					pause := time.Second
+					if errors.Is(err, errTakeLater) {
+						pause = timings().RetryPause
+					}
+					sleepCtx(sctx, pause)
+					_ = d.Nack(false, true)
+				}
+			}()
 		}
 	}
 }
 
-// heldQueue is a removed link's queue on this node and the exchange that
-// feeds it.
-type heldQueue struct{ feed, queue string }
+// queueLocks serialises the work on one queue.
+type queueLocks struct {
+	mu sync.Mutex
+	m  map[string]*sync.Mutex
+}
 
-// locateHeld finds, through the management API, the queue and upstream
-// exchange a link of req.Downstream declared here for req.Exchange.
+func (l *queueLocks) lock(queue string) (unlock func()) {
+	l.mu.Lock()
+	m := l.m[queue]
+	if m == nil {
+		m = &sync.Mutex{}
+		l.m[queue] = m
+	}
+	l.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// heldQueue is a removed link's queue on this node and the exchanges that
+// feed it.
+type heldQueue struct {
+	queue string
+	feeds []string
+}
+
+// federationQueueName is the name RabbitMQ (rabbit_federation_exchange_link)
+// gives the queue of a link of node downstream, federating exchange downX
+// in vhost downVhost from exchange upX in vhost upVhost.
+func federationQueueName(upX, upVhost, downstream, downX, downVhost string) string {
+	suffix := ""
+	switch {
+	case downVhost != "" && downVhost != upVhost:
+		suffix = ":" + downVhost + ":" + downX
+	case downX != "" && downX != upX:
+		suffix = ":" + downX
+	}
+	return federationQueuePrefix + upX + " -> " + downstream + suffix
+}
+
+// locateHeld finds the queues a link of req.Downstream declared here for
+// req.Exchange: by their name, and, through the management API, behind
+// the exchanges of type x-federation-upstream declared for that node and
+// bound from req.Exchange. Each comes with the exchanges bound to it.
 func (b *Bridge) locateHeld(req conserveRequest) ([]heldQueue, error) {
 	vhost := b.vhost()
+	names := map[string]bool{}
+	if name := federationQueueName(req.Exchange, vhost, req.Downstream, req.LocalExchange, req.DownstreamVhost); req.LocalExchange != "" {
+		q, err := b.rh.GetQueue(vhost, name)
+		switch {
+		case err == nil && argString(q.Arguments, federationPurposeArg) == "federation":
+			names[name] = true
+		case err != nil && !isNotFound(err):
+			return nil, fmt.Errorf("reading queue %s: %w", name, err)
+		}
+	}
 	xs, err := b.rh.ListExchangesIn(vhost)
 	if err != nil {
 		return nil, fmt.Errorf("listing exchanges: %w", err)
 	}
-	var out []heldQueue
 	for _, x := range xs {
 		if x.Type != federationUpstreamExchangeType || argString(x.Arguments, federationDownstreamNameArg) != req.Downstream {
 			continue
@@ -682,7 +964,7 @@ func (b *Bridge) locateHeld(req conserveRequest) ([]heldQueue, error) {
 			return nil, fmt.Errorf("listing bindings of %s: %w", x.Name, err)
 		}
 		for _, bd := range outb {
-			if bd.DestinationType != "queue" {
+			if bd.DestinationType != "queue" || names[bd.Destination] {
 				continue
 			}
 			q, err := b.rh.GetQueue(vhost, bd.Destination)
@@ -693,67 +975,268 @@ func (b *Bridge) locateHeld(req conserveRequest) ([]heldQueue, error) {
 				return nil, fmt.Errorf("reading queue %s: %w", bd.Destination, err)
 			}
 			if argString(q.Arguments, federationPurposeArg) == "federation" {
-				out = append(out, heldQueue{feed: x.Name, queue: q.Name})
+				names[q.Name] = true
 			}
 		}
 	}
+	out := make([]heldQueue, 0, len(names))
+	for name := range names {
+		feeds, err := b.feedsOf(name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, heldQueue{queue: name, feeds: feeds})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].queue < out[j].queue })
 	return out, nil
 }
 
+// feedsOf lists the exchanges bound to queue (its link's upstream
+// exchanges; the default exchange left out).
+func (b *Bridge) feedsOf(queue string) ([]string, error) {
+	bs, err := b.rh.ListQueueBindings(b.vhost(), queue)
+	if err != nil {
+		if isNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("listing bindings to %s: %w", queue, err)
+	}
+	var feeds []string
+	for _, bd := range bs {
+		if bd.Source != "" {
+			feeds = append(feeds, bd.Source)
+		}
+	}
+	sort.Strings(feeds)
+	return feeds, nil
+}
+
 // conserve carries out one request (see this file's comment).
-func (b *Bridge) conserve(ctx context.Context, conn *amqp.Connection, req conserveRequest, replyTo, correlationID string) error {
+func (b *Bridge) conserve(ctx context.Context, conn *amqp.Connection, locks *queueLocks, req conserveRequest, replyTo, correlationID string) error {
 	held, err := b.locateHeld(req)
 	if err != nil {
 		return err
 	}
 	reply := conserveReply{Found: len(held) > 0}
-	replied := false
 	answer := func() {
-		if !replied && replyTo != "" {
-			replied = true
+		if replyTo != "" {
 			b.reply(ctx, conn, replyTo, correlationID, reply)
 		}
 	}
-	defer answer()
 	if len(held) == 0 {
 		b.log.Info("bridge: no federation queue left to conserve", "downstream_site", req.Site, "exchange", req.Exchange)
+		reply.Taken = true
+		answer()
 		return nil
 	}
-	if !req.Discard {
-		if _, err := b.rh.GetExchange(b.vhost(), req.Exchange); isNotFound(err) {
-			b.log.Warn("bridge: exchange of a removed federation link is gone; its queue is left to expire", "exchange", req.Exchange, "downstream_site", req.Site)
+	if req.Discard {
+		return b.discardHeld(ctx, conn, req, held, &reply, answer)
+	}
+	if _, err := b.rh.GetExchange(b.vhost(), req.Exchange); isNotFound(err) {
+		b.log.Warn("bridge: exchange of a removed federation link is gone; its queue is left to expire", "exchange", req.Exchange, "downstream_site", req.Site)
+		reply.Taken = true
+		answer()
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("reading exchange %s: %w", req.Exchange, err)
+	}
+	covered, err := b.waitCovered(ctx, req, held)
+	if err != nil {
+		return err
+	}
+	if !covered {
+		// Re-published now, the messages would miss the sites whose new
+		// links are not there: the link stays and carries them.
+		if replyTo != "" {
+			answer()
 			return nil
-		} else if err != nil {
-			return fmt.Errorf("reading exchange %s: %w", req.Exchange, err)
+		}
+		return errTakeLater
+	}
+	self, err := b.rh.GetClusterName()
+	if err != nil {
+		return fmt.Errorf("reading the cluster name: %w", err)
+	}
+	since := time.Now()
+	reply.Taken = true
+	for _, h := range held {
+		unlock := locks.lock(h.queue)
+		n, taken, err := b.takeCustody(ctx, conn, h.queue, req.Exchange, self.Name, since)
+		unlock()
+		reply.Conserved += n
+		if err != nil {
+			return err
+		}
+		reply.Taken = reply.Taken && taken
+	}
+	answer() // the downstream may remove its link now
+	if !reply.Taken {
+		b.log.Warn("bridge: a link kept consuming the queue it was asked to conserve; it stays", "downstream_site", req.Site, "exchange", req.Exchange)
+		if replyTo != "" {
+			return nil
+		}
+		return errTakeLater
+	}
+	idle := timings().IdleBeforeDelete
+	if req.Removed {
+		idle = 0 // no link comes back for it
+	}
+	for _, h := range held {
+		n, err := b.cleanupHeld(ctx, conn, h.queue, req.Exchange, self.Name, since, idle)
+		reply.Conserved += n
+		if err != nil {
+			return err
 		}
 	}
-	if err := b.waitCovered(ctx, req, held); err != nil {
+	b.log.Info("bridge: queue of a removed federation link taken", "downstream_site", req.Site, "exchange", req.Exchange,
+		"conserved", reply.Conserved, "queues", len(held))
+	return nil
+}
+
+// takeCustody re-publishes what queue holds into exchange until the queue
+// is empty with no consumer, closing the connection of any consumer (a
+// link gives back what it has not forwarded). taken is false when a
+// consumer was still there after timings().CustodyWait.
+func (b *Bridge) takeCustody(ctx context.Context, conn *amqp.Connection, queue, exchange, self string, since time.Time) (n uint64, taken bool, err error) {
+	deadline := time.Now().Add(timings().CustodyWait)
+	for {
+		info, err := inspectQueue(conn, queue)
+		if err != nil || info == nil {
+			return n, info == nil && err == nil, err
+		}
+		if info.Consumers > 0 {
+			if err := b.closeConsumers(queue); err != nil {
+				return n, false, err
+			}
+		}
+		m, gone, err := republishAll(ctx, conn, queue, exchange, self, since)
+		n += m
+		b.stats.reconfig.conserved.Add(m)
+		if err != nil || gone {
+			return n, gone, err
+		}
+		if info, err = inspectQueue(conn, queue); err != nil || info == nil {
+			return n, info == nil && err == nil, err
+		}
+		if info.Consumers == 0 && info.Messages == 0 {
+			return n, true, nil
+		}
+		if time.Now().After(deadline) {
+			return n, false, nil
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return n, false, ctx.Err()
+		}
+	}
+}
+
+// closeConsumers closes the connections that consume queue, as the
+// management API knows them (it may lag behind by a statistics interval).
+func (b *Bridge) closeConsumers(queue string) error {
+	q, err := b.rh.GetQueue(b.vhost(), queue)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading queue %s: %w", queue, err)
+	}
+	if q.ConsumerDetails == nil {
+		return nil
+	}
+	closed := map[string]bool{}
+	for _, c := range *q.ConsumerDetails {
+		name := c.ChannelDetails.ConnectionName
+		if name == "" || closed[name] {
+			continue
+		}
+		closed[name] = true
+		res, err := b.rh.CloseConnection(name)
+		if err != nil && (res == nil || res.StatusCode != http.StatusNotFound) {
+			return fmt.Errorf("closing connection %s, consumer of %s: %w", name, queue, err)
+		}
+		b.log.Info("bridge: closed the connection of a removed federation link, which gives back what it has not forwarded", "queue", queue, "connection", name)
+	}
+	return nil
+}
+
+// cleanupHeld removes a queue in custody once no link has consumed it for
+// idle: its feeds first, then what reached it meanwhile is re-published,
+// then the queue if it is still unused and empty. A link that keeps
+// consuming it (RabbitMQ deletes the queue when the downstream removes the
+// link) is left after timings().ConsumedWait.
+func (b *Bridge) cleanupHeld(ctx context.Context, conn *amqp.Connection, queue, exchange, self string, since time.Time, idle time.Duration) (uint64, error) {
+	deadline := time.Now().Add(timings().ConsumedWait)
+	var n uint64
+	var idleSince time.Time
+	for {
+		info, err := inspectQueue(conn, queue)
+		if err != nil || info == nil {
+			return n, err
+		}
+		switch {
+		case info.Consumers > 0:
+			idleSince = time.Time{}
+			if time.Now().After(deadline) {
+				b.log.Warn("bridge: a link still consumes the queue it was asked to conserve; leaving it", "queue", queue)
+				return n, nil
+			}
+		case idleSince.IsZero() && idle > 0:
+			idleSince = time.Now()
+		case time.Since(idleSince) >= idle:
+			feeds, err := b.feedsOf(queue)
+			if err != nil {
+				return n, err
+			}
+			for _, f := range feeds {
+				if err := withChannel(conn, func(ch *amqp.Channel) error { return ch.ExchangeDelete(f, false, false) }); err != nil && !isAMQPCode(err, amqp.NotFound) {
+					return n, fmt.Errorf("deleting %s, feed of %s: %w", f, queue, err)
+				}
+			}
+			m, gone, err := republishAll(ctx, conn, queue, exchange, self, since)
+			n += m
+			b.stats.reconfig.conserved.Add(m)
+			if err != nil || gone {
+				return n, err
+			}
+			if _, err := deleteQueue(conn, queue, true, true); err == nil {
+				b.stats.reconfig.queuesRemoved.Add(1)
+				return n, nil
+			} else if !isAMQPCode(err, amqp.PreconditionFailed) {
+				return n, err
+			}
+			// A link came back, or a message came in: look again.
+		}
+		if info.Messages > 0 {
+			m, gone, err := republishAll(ctx, conn, queue, exchange, self, since)
+			n += m
+			b.stats.reconfig.conserved.Add(m)
+			if err != nil || gone {
+				return n, err
+			}
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return n, ctx.Err()
+		}
+	}
+}
+
+// discardHeld carries out a request with Discard: the held messages are
+// deleted with the queue, and counted.
+func (b *Bridge) discardHeld(ctx context.Context, conn *amqp.Connection, req conserveRequest, held []heldQueue, reply *conserveReply, answer func()) error {
+	if _, err := b.waitCovered(ctx, req, held); err != nil {
 		return err
 	}
 	for _, h := range held {
-		if err := withChannel(conn, func(ch *amqp.Channel) error { return ch.ExchangeDelete(h.feed, false, false) }); err != nil {
-			return fmt.Errorf("detaching %s: deleting %s: %w", h.queue, h.feed, err)
-		}
-	}
-	pending := make([]bool, len(held))
-	for i, h := range held {
-		pending[i] = true
-		if !req.Discard {
-			n, gone, err := republishAll(ctx, conn, h.queue, req.Exchange)
-			reply.Conserved += n
-			b.stats.reconfig.conserved.Add(n)
-			if err != nil {
-				return err
+		for _, f := range h.feeds {
+			if err := withChannel(conn, func(ch *amqp.Channel) error { return ch.ExchangeDelete(f, false, false) }); err != nil && !isAMQPCode(err, amqp.NotFound) {
+				return fmt.Errorf("detaching %s: deleting %s: %w", h.queue, f, err)
 			}
-			pending[i] = !gone
 		}
 	}
-	answer() // the downstream may remove its link now
-	for i, h := range held {
-		if !pending[i] {
-			continue
-		}
-		deadline := time.Now().Add(conserveConsumedWait)
+	reply.Taken = true
+	answer()
+	for _, h := range held {
+		deadline := time.Now().Add(timings().ConsumedWait)
 		for {
 			info, err := inspectQueue(conn, h.queue)
 			if err != nil {
@@ -762,8 +1245,14 @@ func (b *Bridge) conserve(ctx context.Context, conn *amqp.Connection, req conser
 			if info == nil { // RabbitMQ deleted it with its link
 				break
 			}
-			if info.Consumers == 0 && req.Discard {
-				n, err := deleteQueue(conn, h.queue, false)
+			if info.Consumers == 0 {
+				n, err := deleteQueue(conn, h.queue, true, false)
+				if isAMQPCode(err, amqp.PreconditionFailed) { // a link came back
+					if !sleepCtx(ctx, 100*time.Millisecond) {
+						return ctx.Err()
+					}
+					continue
+				}
 				if err != nil {
 					return err
 				}
@@ -772,29 +1261,8 @@ func (b *Bridge) conserve(ctx context.Context, conn *amqp.Connection, req conser
 				b.stats.reconfig.queuesRemoved.Add(1)
 				break
 			}
-			if !req.Discard && info.Messages > 0 {
-				n, gone, err := republishAll(ctx, conn, h.queue, req.Exchange)
-				reply.Conserved += n
-				b.stats.reconfig.conserved.Add(n)
-				if err != nil {
-					return err
-				}
-				if gone {
-					break
-				}
-				continue
-			}
-			if info.Consumers == 0 {
-				if _, err := deleteQueue(conn, h.queue, true); err == nil {
-					b.stats.reconfig.queuesRemoved.Add(1)
-					break
-				} else if !isAMQPCode(err, amqp.PreconditionFailed) {
-					return err
-				}
-				continue // a message came in between: drain on
-			}
 			if time.Now().After(deadline) {
-				b.log.Warn("bridge: a link still consumes the queue it was asked to conserve; leaving it", "queue", h.queue, "downstream_site", req.Site)
+				b.log.Warn("bridge: a link still consumes the queue it was asked to discard; leaving it", "queue", h.queue, "downstream_site", req.Site)
 				break
 			}
 			if !sleepCtx(ctx, 100*time.Millisecond) {
@@ -802,8 +1270,8 @@ func (b *Bridge) conserve(ctx context.Context, conn *amqp.Connection, req conser
 			}
 		}
 	}
-	b.log.Info("bridge: queue of a removed federation link emptied and deleted", "downstream_site", req.Site, "exchange", req.Exchange,
-		"conserved", reply.Conserved, "discarded", reply.Discarded, "queues", len(held))
+	b.log.Info("bridge: queue of a removed federation link deleted with what it held", "downstream_site", req.Site, "exchange", req.Exchange,
+		"discarded", reply.Discarded, "queues", len(held))
 	return nil
 }
 
@@ -830,20 +1298,23 @@ func bindingSite(args map[string]interface{}) (string, bool) {
 	return site, site != ""
 }
 
-// waitCovered waits until every binding of the held queues' exchanges has
-// a counterpart on another federation link of req.Exchange (same key, made
-// for the same site), at most conserveCoverWait.
-func (b *Bridge) waitCovered(ctx context.Context, req conserveRequest, held []heldQueue) error {
+// waitCovered waits until every binding of the held queues' feeds has a
+// counterpart on another federation link of req.Exchange (same key, made
+// for the same site), at most timings().CoverWait; covered reports whether
+// it came.
+func (b *Bridge) waitCovered(ctx context.Context, req conserveRequest, held []heldQueue) (covered bool, err error) {
 	feeds := map[string]bool{}
 	for _, h := range held {
-		feeds[h.feed] = true
+		for _, f := range h.feeds {
+			feeds[f] = true
+		}
 	}
 	var need []boundFor
-	deadline := time.Now().Add(conserveCoverWait)
+	deadline := time.Now().Add(timings().CoverWait)
 	for first := true; ; first = false {
 		bs, err := b.rh.ListExchangeBindingsWithSource(b.vhost(), req.Exchange)
 		if err != nil {
-			return fmt.Errorf("listing bindings of %s: %w", req.Exchange, err)
+			return false, fmt.Errorf("listing bindings of %s: %w", req.Exchange, err)
 		}
 		have := map[boundFor]bool{}
 		for _, bd := range bs {
@@ -866,23 +1337,37 @@ func (b *Bridge) waitCovered(ctx context.Context, req conserveRequest, held []he
 			}
 		}
 		if len(missing) == 0 {
-			return nil
+			return true, nil
 		}
 		if time.Now().After(deadline) {
-			b.log.Warn("bridge: no other federation link carries what a removed link carried; conserving anyway", "exchange", req.Exchange,
+			b.log.Warn("bridge: no other federation link carries what a removed link carried yet; its queue is not taken", "exchange", req.Exchange,
 				"downstream_site", req.Site, "uncovered", missing)
-			return nil
+			return false, nil
 		}
 		if !sleepCtx(ctx, 200*time.Millisecond) {
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 	}
 }
 
+// ownCopy reports whether d was re-published by node self at since or
+// later (see conservedHeader).
+func ownCopy(d amqp.Delivery, self string, since time.Time) bool {
+	v, _ := d.Headers[conservedHeader].(string)
+	i := strings.LastIndexByte(v, ' ')
+	if i < 0 || v[:i] != self {
+		return false
+	}
+	ns, err := strconv.ParseInt(v[i+1:], 10, 64)
+	return err == nil && ns >= since.UnixNano()
+}
+
 // republishAll moves every message of queue into exchange: basic.get,
-// publish, and once RabbitMQ has confirmed a window of them, the
-// acknowledgement in queue. gone reports that the queue no longer exists.
-func republishAll(ctx context.Context, conn *amqp.Connection, queue, exchange string) (n uint64, gone bool, err error) {
+// publish (marked as re-published by node self), and once RabbitMQ has
+// confirmed a window of them, the acknowledgement in queue. Copies this
+// node re-published at since or later are acknowledged without being
+// published again. gone reports that the queue no longer exists.
+func republishAll(ctx context.Context, conn *amqp.Connection, queue, exchange, self string, since time.Time) (n uint64, gone bool, err error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return 0, false, err
@@ -893,11 +1378,14 @@ func republishAll(ctx context.Context, conn *amqp.Connection, queue, exchange st
 	}
 	for {
 		var last amqp.Delivery
+		taken := 0
 		var confirms []*amqp.DeferredConfirmation
-		for len(confirms) < republishWindow {
+		for taken < republishWindow {
 			d, ok, err := ch.Get(queue, false)
 			if isAMQPCode(err, amqp.NotFound) {
-				return n, true, nil // deleted with its link; what was taken and not acknowledged went with it
+				// Deleted (with its link, by RabbitMQ): what was taken
+				// and not acknowledged is re-published already.
+				return n, true, nil
 			}
 			if err != nil {
 				return n, false, fmt.Errorf("taking from %s: %w", queue, err)
@@ -905,13 +1393,18 @@ func republishAll(ctx context.Context, conn *amqp.Connection, queue, exchange st
 			if !ok {
 				break
 			}
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, d.RoutingKey, false, false, republished(d))
+			last, taken = d, taken+1
+			if ownCopy(d, self, since) {
+				continue
+			}
+			mark := self + " " + strconv.FormatInt(time.Now().UnixNano(), 10)
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, d.RoutingKey, false, false, republished(d, mark))
 			if err != nil {
 				return n, false, fmt.Errorf("re-publishing into %s: %w", exchange, err)
 			}
-			last, confirms = d, append(confirms, dc)
+			confirms = append(confirms, dc)
 		}
-		if len(confirms) == 0 {
+		if taken == 0 {
 			return n, false, nil
 		}
 		for _, dc := range confirms {
@@ -928,18 +1421,16 @@ func republishAll(ctx context.Context, conn *amqp.Connection, queue, exchange st
 }
 
 // republished is d as it was published, without federation's record of
-// the links it crossed. The user ID is left out: RabbitMQ accepts only the
-// publishing connection's own.
-func republished(d amqp.Delivery) amqp.Publishing {
-	var h amqp.Table
-	if len(d.Headers) > 0 {
-		h = amqp.Table{}
-		for k, v := range d.Headers {
-			if k != federationReceivedFromHeader {
-				h[k] = v
-			}
+// the links it crossed and with mark in conservedHeader. The user ID is
+// left out: RabbitMQ accepts only the publishing connection's own.
+func republished(d amqp.Delivery, mark string) amqp.Publishing {
+	h := amqp.Table{}
+	for k, v := range d.Headers {
+		if k != federationReceivedFromHeader {
+			h[k] = v
 		}
 	}
+	h[conservedHeader] = mark
 	return amqp.Publishing{
 		Headers: h, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode,
 		Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, Expiration: d.Expiration,
@@ -977,14 +1468,16 @@ func inspectQueue(conn *amqp.Connection, queue string) (*amqp.Queue, error) {
 }
 
 // deleteQueue deletes queue on a channel of its own (a refused delete
-// closes the channel) and returns how many messages it held.
-func deleteQueue(conn *amqp.Connection, queue string, ifEmpty bool) (int, error) {
+// closes the channel) and returns how many messages it held. With
+// ifUnused, RabbitMQ refuses while the queue has a consumer (whose
+// unacknowledged messages an if-empty delete would not count).
+func deleteQueue(conn *amqp.Connection, queue string, ifUnused, ifEmpty bool) (int, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = ch.Close() }()
-	n, err := ch.QueueDelete(queue, false, ifEmpty, false)
+	n, err := ch.QueueDelete(queue, ifUnused, ifEmpty, false)
 	if isAMQPCode(err, amqp.NotFound) {
 		return 0, nil
 	}

@@ -3,6 +3,7 @@ package bridge
 import (
 	"strconv"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -72,8 +73,9 @@ func TestReconfigSetMembers(t *testing.T) {
 }
 
 // TestReconfigRepublished: a conserved message keeps what the importers
-// need (origin, message ID, MQTT headers) and loses federation's record of
-// the links it crossed, so it is routed as if published where it is.
+// need (origin, message ID, MQTT headers), loses federation's record of
+// the links it crossed, so it is routed as if published where it is, and
+// says which node re-published it when.
 func TestReconfigRepublished(t *testing.T) {
 	d := amqp.Delivery{
 		Headers: amqp.Table{
@@ -83,8 +85,11 @@ func TestReconfigRepublished(t *testing.T) {
 		ContentType: "text/plain", DeliveryMode: amqp.Persistent, MessageId: "berlin-1-7", Expiration: "60000",
 		UserId: "someone", AppId: "luffymq", Body: []byte("payload"),
 	}
-	p := republished(d)
-	require.Equal(t, amqp.Table{HeaderOrigin: "berlin", HeaderQoS: int32(1), HeaderUserProperties: []interface{}{[]interface{}{"k", "v"}}}, p.Headers)
+	p := republished(d, "site-a@vm 1700000000000000000")
+	require.Equal(t, amqp.Table{
+		HeaderOrigin: "berlin", HeaderQoS: int32(1), HeaderUserProperties: []interface{}{[]interface{}{"k", "v"}},
+		"x-luffymq-conserved": "site-a@vm 1700000000000000000",
+	}, p.Headers)
 	require.Equal(t, "berlin-1-7", p.MessageId)
 	require.Equal(t, uint8(amqp.Persistent), p.DeliveryMode)
 	require.Equal(t, "60000", p.Expiration)
@@ -92,6 +97,7 @@ func TestReconfigRepublished(t *testing.T) {
 	require.Empty(t, p.UserId, "RabbitMQ accepts only the publishing connection's own user ID")
 	require.Equal(t, []byte("payload"), p.Body)
 	require.Contains(t, d.Headers, "x-received-from", "the delivery is not modified")
+	require.NotContains(t, d.Headers, "x-luffymq-conserved", "the delivery is not modified")
 }
 
 // TestReconfigBindingSite: a federation binding is made for the site at
@@ -108,4 +114,60 @@ func TestReconfigBindingSite(t *testing.T) {
 		_, ok := bindingSite(args)
 		require.False(t, ok, "%v", args)
 	}
+}
+
+// TestReconfigFederationQueueName: the agent finds a link's queue by the
+// name RabbitMQ's exchange federation gives it: upstream exchange and
+// downstream node, with the downstream exchange when it differs and the
+// downstream vhost when that differs too.
+func TestReconfigFederationQueueName(t *testing.T) {
+	for _, tc := range []struct{ upX, upVhost, down, downX, downVhost, want string }{
+		{"pubsub.a", "/", "site-b@vm", "pubsub.a", "/", "federation: pubsub.a -> site-b@vm"},
+		{"pubsub.a", "/", "site-b@vm", "", "", "federation: pubsub.a -> site-b@vm"},
+		{"wq.g.dlx", "/", "site-b@vm", "wq.g.in", "/", "federation: wq.g.dlx -> site-b@vm:wq.g.in"},
+		{"pubsub.a", "/", "site-b@vm", "pubsub.a", "other", "federation: pubsub.a -> site-b@vm:other:pubsub.a"},
+	} {
+		require.Equal(t, tc.want, federationQueueName(tc.upX, tc.upVhost, tc.down, tc.downX, tc.downVhost), "%+v", tc)
+	}
+}
+
+// TestReconfigDecideRemoval: a running old link (connected: RabbitMQ would
+// delete its queue with what it holds) goes only once its upstream took
+// what it holds; one that does not run goes whatever the answer, and the
+// request follows in the background unless the upstream took the queue.
+func TestReconfigDecideRemoval(t *testing.T) {
+	for _, tc := range []struct {
+		o              conserveOutcome
+		running        bool
+		remove, resend bool
+	}{
+		{conserveTaken, true, true, false},
+		{conserveTaken, false, true, false},
+		{conserveNotTaken, true, false, false},
+		{conserveNotTaken, false, true, true},
+		{conserveNoAgent, true, false, false},
+		{conserveNoAgent, false, true, true},
+		{conserveUndelivered, true, false, false},
+		{conserveUndelivered, false, true, true},
+	} {
+		remove, resend := decideRemoval(tc.o, tc.running)
+		require.Equal(t, tc.remove, remove, "%v running=%v: remove", tc.o, tc.running)
+		require.Equal(t, tc.resend, resend, "%v running=%v: send again", tc.o, tc.running)
+	}
+}
+
+// TestReconfigOwnCopy: a queue in custody drops only the copies its own
+// node re-published since the custody began (those the covering links
+// carried); anything else is re-published.
+func TestReconfigOwnCopy(t *testing.T) {
+	since := time.Unix(0, 1_700_000_000_000_000_000)
+	at := func(v any) amqp.Delivery { return amqp.Delivery{Headers: amqp.Table{"x-luffymq-conserved": v}} }
+	require.True(t, ownCopy(at("site-a@vm 1700000000000000000"), "site-a@vm", since))
+	require.True(t, ownCopy(at("site-a@vm 1700000000000000001"), "site-a@vm", since))
+	require.False(t, ownCopy(at("site-a@vm 1699999999999999999"), "site-a@vm", since), "re-published before the custody began")
+	require.False(t, ownCopy(at("site-b@vm 1700000000000000001"), "site-a@vm", since), "re-published by another node")
+	require.False(t, ownCopy(at("site-a@vm x"), "site-a@vm", since))
+	require.False(t, ownCopy(at(int64(1)), "site-a@vm", since))
+	require.False(t, ownCopy(amqp.Delivery{}, "site-a@vm", since))
+	require.True(t, ownCopy(at("site a@vm 1700000000000000001"), "site a@vm", since), "a cluster name with a space")
 }
