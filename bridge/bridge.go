@@ -331,6 +331,20 @@ func (b *Bridge) Exchanges() []string {
 // ImportQueue returns the name of this broker's import queue.
 func (b *Bridge) ImportQueue() string { return b.queue }
 
+// ExportsGroup reports whether share ($share/<group>/<filter>) is one of
+// the groups this bridge serves as a work queue. Their members get
+// messages only from the bridge, which puts back in RabbitMQ what a member
+// leaves unacknowledged: the selection hook's re-dispatch must leave them
+// alone (hooks.SelectionConfig.RequeuedElsewhere).
+func (b *Bridge) ExportsGroup(share string) bool {
+	for _, g := range b.groups {
+		if g.share == share {
+			return true
+		}
+	}
+	return false
+}
+
 // Attach adds the bridge's hook to s, which must have been created with
 // mqtt.Options{InlineClient: true}. Call it before s.Serve and, with
 // export groups, before adding the selection hook; then add WakeHook after

@@ -131,6 +131,10 @@ type wqResult struct {
 	sent, distinct, dups, ids int
 	bySite                    map[string]int
 	stats                     map[string]bridge.WorkQueueStats
+	// parked and leftToBridge sum the brokers' selection-hook re-dispatch
+	// counters: a departed member's work-queue messages are the bridge's
+	// to requeue, never parked by the selection hook.
+	parked, leftToBridge uint64
 }
 
 func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
@@ -262,6 +266,8 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 	r.distinct, r.dups, r.ids, r.bySite = tl.counts()
 	for _, name := range wqSites {
 		r.stats[name] = brokers[name].Bridge().WorkQueueStats()[s.group]
+		r.parked += brokers[name].Selection().Redispatch.Parked.Load()
+		r.leftToBridge += brokers[name].Selection().Redispatch.LeftToOwner.Load()
 	}
 	t.Logf("%s: sent %d, processed distinct %d (by site %v), duplicates %d, distinct message IDs %d; berlin %+v; tunis %+v",
 		s.group, r.sent, r.distinct, r.bySite, r.dups, r.ids, r.stats["berlin"], r.stats["tunis"])
@@ -358,6 +364,7 @@ func TestWorkQueues(t *testing.T) {
 				}},
 			check: func(t *testing.T, r wqResult) {
 				require.Positive(t, r.stats["berlin"].Requeued+r.stats["tunis"].Requeued, "the killed worker's message was not requeued")
+				require.Positive(t, r.leftToBridge, "the selection hook should leave the killed worker's message to the bridge")
 			},
 		},
 	}
@@ -368,6 +375,7 @@ func TestWorkQueues(t *testing.T) {
 			// At-least-once: a duplicate would carry the same message ID,
 			// so a member deduplicating by ID processes each exactly once.
 			require.Equal(t, r.sent, r.ids, "message IDs are not one per message")
+			require.Zero(t, r.parked, "work-queue messages parked by the selection hook's re-dispatch")
 			tt.check(t, r)
 		})
 	}

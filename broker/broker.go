@@ -182,12 +182,16 @@ func New(cfg Config) (*Broker, error) {
 			return nil, err
 		}
 	}
-	b.selection, err = hooks.NewSelectionHook(hooks.SelectionConfig{
+	selCfg := hooks.SelectionConfig{
 		Engine:          b.engine,
 		Server:          b.server,
 		ReportInterval:  cfg.ReportInterval,
 		RedispatchGrace: cfg.RedispatchGrace,
-	})
+	}
+	if b.bridge != nil {
+		selCfg.RequeuedElsewhere = b.bridge.ExportsGroup
+	}
+	b.selection, err = hooks.NewSelectionHook(selCfg)
 	if err != nil {
 		return nil, err
 	}

@@ -289,6 +289,9 @@ func (h *AckTimeoutHook) take(cl *mqtt.Client, w *memberWatch, pk packets.Packet
 	if !ok {
 		return takeKept // a plain subscription's delivery: the member's own
 	}
+	if sel.requeuedElsewhere(group) {
+		return takeKept // its owner (the bridge) decides
+	}
 	if !sel.hasOtherMember(group, cl.ID, pk.TopicName) {
 		return takeWait
 	}

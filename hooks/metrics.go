@@ -147,10 +147,11 @@ func (c *MetricsCollector) Collect(ch chan<- prometheus.Metric) {
 	constMetric(ch, c.fallbacks, prometheus.CounterValue, float64(c.hook.Fallbacks.Load()))
 	rd := &c.hook.Redispatch
 	for outcome, n := range map[string]uint64{
-		"delivered":  rd.Redispatched.Load(),
-		"parked":     rd.Parked.Load(),
-		"dropped":    rd.ParkedDropped.Load(),
-		"unroutable": rd.Unroutable.Load(),
+		"delivered":      rd.Redispatched.Load(),
+		"parked":         rd.Parked.Load(),
+		"dropped":        rd.ParkedDropped.Load(),
+		"unroutable":     rd.Unroutable.Load(),
+		"left_to_bridge": rd.LeftToOwner.Load(),
 		// Not a share of the outcomes above: why and what came after.
 		"ack_timeout": rd.AckTimeouts.Load(),
 		"late_ack":    rd.LateAcks.Load(),

@@ -58,6 +58,10 @@ type RedispatchCounters struct {
 	// Unroutable counts unacknowledged messages that could not be
 	// re-dispatched (sent under a topic alias, without their topic name).
 	Unroutable atomic.Uint64
+	// LeftToOwner counts unacknowledged messages of a departed member left
+	// to the component that puts them back itself
+	// (SelectionConfig.RequeuedElsewhere: the bridge's work queues).
+	LeftToOwner atomic.Uint64
 	// AckTimeouts counts messages taken from a connected member that did
 	// not acknowledge them within the ack timeout (see acktimeout.go); each
 	// is also counted as Redispatched or Parked.
@@ -129,6 +133,10 @@ func (h *SelectionHook) redispatchUnacknowledged(cl *mqtt.Client) {
 		if !ok {
 			continue // a plain subscription's delivery: the session's own
 		}
+		if h.requeuedElsewhere(group) {
+			h.Redispatch.LeftToOwner.Add(1)
+			continue
+		}
 		if !cl.State.Inflight.Delete(pk.PacketID) {
 			continue // acknowledged meanwhile
 		}
@@ -136,6 +144,12 @@ func (h *SelectionHook) redispatchUnacknowledged(cl *mqtt.Client) {
 		h.forgetStored(cl, pk)
 		h.inject(group, cl.ID, pk)
 	}
+}
+
+// requeuedElsewhere reports whether group's deliveries are put back by
+// another component (SelectionConfig.RequeuedElsewhere).
+func (h *SelectionHook) requeuedElsewhere(group string) bool {
+	return h.cfg.RequeuedElsewhere != nil && h.cfg.RequeuedElsewhere(group)
 }
 
 // groupOf returns the first shared group, in filter order, of which

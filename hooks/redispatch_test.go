@@ -1,6 +1,8 @@
 package hooks_test
 
 import (
+	"io"
+	"log/slog"
 	"testing"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -9,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/luffymq/luffymq/hooks"
+	"github.com/luffymq/luffymq/scoring"
 )
 
 // allowReading adds Mochi's allow-all auth hook, as the broker has one
@@ -122,4 +125,38 @@ func TestPlainDeliveriesAreNotRedispatched(t *testing.T) {
 	f.hook.OnDisconnect(gone, nil, true)
 	require.Empty(t, publishesIn(other))
 	require.Zero(t, f.hook.Redispatch.Redispatched.Load())
+}
+
+// TestRedispatchLeavesRequeuedGroupsToTheirOwner: deliveries of a group
+// whose owner puts them back itself (the bridge's work queues) stay in the
+// departed session: no copy to the other member, nothing parked, counted
+// as left to the owner. Other groups are re-dispatched as usual.
+func TestRedispatchLeavesRequeuedGroupsToTheirOwner(t *testing.T) {
+	srv := mqtt.New(&mqtt.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	eng, err := scoring.NewEngine(scoring.Config{Strategy: "adaptive"})
+	require.NoError(t, err)
+	h, err := hooks.NewSelectionHook(hooks.SelectionConfig{Engine: eng, Server: srv,
+		RequeuedElsewhere: func(group string) bool { return group == "$share/wq/jobs" }})
+	require.NoError(t, err)
+	require.NoError(t, srv.AddHook(h, nil))
+	f := &hookFixture{server: srv, engine: eng, hook: h}
+	f.allowReading(t)
+
+	gone := f.connect(t, "gone", "$share/wq/jobs", "$share/g/news")
+	f.subscribeInMochi(gone, "$share/wq/jobs", "$share/g/news")
+	other := f.connect(t, "other", "$share/wq/jobs", "$share/g/news")
+	f.subscribeInMochi(other, "$share/wq/jobs", "$share/g/news")
+	unacknowledged(gone, 1, "jobs")
+	unacknowledged(gone, 2, "jobs")
+	unacknowledged(gone, 3, "news")
+	f.hook.OnDisconnect(gone, nil, true)
+
+	got := publishesIn(other)
+	require.Len(t, got, 1, "only the ordinary group's delivery is re-dispatched")
+	require.Equal(t, "news", got[0].TopicName)
+	require.Len(t, publishesIn(gone), 2, "the work-queue deliveries stay for their owner")
+	require.Equal(t, uint64(2), h.Redispatch.LeftToOwner.Load())
+	require.Equal(t, uint64(1), h.Redispatch.Redispatched.Load())
+	require.Zero(t, h.Redispatch.Parked.Load())
+	require.Zero(t, h.ParkedRedispatch())
 }

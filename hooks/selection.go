@@ -96,6 +96,14 @@ type SelectionConfig struct {
 	// are re-dispatched to the rest of the group; 0 keeps them until the
 	// session expires. Clean sessions re-dispatch at once.
 	RedispatchGrace time.Duration
+	// RequeuedElsewhere, if set, reports the shared groups (their
+	// $share/<group>/<filter>) whose deliveries another component puts
+	// back itself when their member leaves or stalls: the multi-site
+	// bridge's exported groups, whose messages return to RabbitMQ. The
+	// hook neither re-dispatches nor takes back those deliveries (a copy
+	// of its own could never reach the group, which only the bridge feeds,
+	// and would be parked).
+	RequeuedElsewhere func(group string) bool
 }
 
 // ReportChannel says how a load report arrived.
