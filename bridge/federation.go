@@ -3,8 +3,10 @@ package bridge
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -150,10 +152,12 @@ type ExchangeFederation struct {
 // management API. It manages two independent families:
 //
 //   - pattern federation (when cfg.Exchanges is nil or cfg.Upstreams is
-//     not): one upstream per entry of cfg.Upstreams and a policy
-//     federating the exchanges that match cfg.Pattern from all of them;
+//     not): one upstream per entry of cfg.Upstreams, an upstream set
+//     named cfg.PolicyName listing exactly those, and a policy federating
+//     the exchanges that match cfg.Pattern from that set (never "all",
+//     which would take in the per-exchange family's upstreams too);
 //     upstreams named UpstreamPrefix+<site> that cfg no longer lists are
-//     removed, and an empty list removes the policy;
+//     removed, and an empty list removes the policy and the set;
 //   - per-exchange federation (when cfg.Exchanges is not nil): for each
 //     entry, upstreams "luffymq-x:<exchange>:<site>", an upstream set
 //     listing ExchangeUpstreamSlots of them and a policy (priority 2)
@@ -226,18 +230,35 @@ func applyPatternFederation(ctx context.Context, rh *rabbithole.Client, cfg Fede
 			}
 		}
 	}
+	// The policy names an upstream set of these upstreams only, not
+	// "all": on a node that also has the configuration agent's
+	// per-exchange upstreams (ExchangeUpstreamPrefix, each reading one
+	// named exchange), "all" would federate every exchange of the pattern
+	// from each of those too, and their links would share the queues of
+	// the per-exchange links on the upstream nodes.
 	if len(cfg.Upstreams) == 0 {
 		res, err := rh.DeletePolicy(cfg.Vhost, cfg.PolicyName)
 		if err != nil && (res == nil || res.StatusCode != http.StatusNotFound) {
 			return fmt.Errorf("federation: removing policy %s on %s: %w", cfg.PolicyName, cfg.ManagementURL, err)
 		}
+		res, err = rh.DeleteRuntimeParameter(upstreamSetComponent, cfg.Vhost, cfg.PolicyName)
+		if err != nil && (res == nil || res.StatusCode != http.StatusNotFound) {
+			return fmt.Errorf("federation: removing upstream set %s on %s: %w", cfg.PolicyName, cfg.ManagementURL, err)
+		}
 		return nil
+	}
+	members := make([]map[string]string, 0, len(want))
+	for _, name := range slices.Sorted(maps.Keys(want)) {
+		members = append(members, map[string]string{"upstream": name})
+	}
+	if err := checkResponse(rh.PutRuntimeParameter(upstreamSetComponent, cfg.Vhost, cfg.PolicyName, members)); err != nil {
+		return fmt.Errorf("federation: setting upstream set %s on %s: %w", cfg.PolicyName, cfg.ManagementURL, err)
 	}
 	policy := rabbithole.Policy{
 		Pattern:    cfg.Pattern,
 		ApplyTo:    "exchanges",
 		Priority:   1,
-		Definition: rabbithole.PolicyDefinition{"federation-upstream-set": "all"},
+		Definition: rabbithole.PolicyDefinition{"federation-upstream-set": cfg.PolicyName},
 	}
 	if err := checkResponse(rh.PutPolicy(cfg.Vhost, cfg.PolicyName, policy)); err != nil {
 		return fmt.Errorf("federation: setting policy %s (%s) on %s: %w", cfg.PolicyName, cfg.Pattern, cfg.ManagementURL, err)
