@@ -11,10 +11,12 @@ import (
 // MQTT levels are separated by '/', AMQP words by '.'. A level that is
 // exactly "+" or "#" (a wildcard, valid only in filters) maps to the word
 // "*" or "#". Every other level is copied with these bytes percent-encoded:
-// '%' (the escape character) as %25, '.' as %2E, '*' as %2A, '#' as %23,
-// '+' as %2B and '/' as %2F (the last three cannot occur in valid MQTT
-// levels but are encoded so the mapping stays total and reversible). Empty
-// levels map to empty words ("a//b" <-> "a..b").
+// '%' (the escape character) as %25, '.' as %2E, '*' as %2A, '#' as %23
+// and '+' as %2B (the last two cannot occur in valid MQTT levels but are
+// encoded so the mapping stays total and reversible). A level never holds
+// '/', so %2F is never written and AMQPToMQTT rejects it: decoded, it would
+// split one word into two levels. Empty levels map to empty words
+// ("a//b" <-> "a..b").
 //
 // MQTTToAMQP is injective and AMQPToMQTT inverts it: AMQPToMQTT(MQTTToAMQP(s))
 // == s for every string s. A topic matches a filter in MQTT exactly when the
@@ -43,7 +45,7 @@ func MQTTToAMQP(s string) string {
 		for j := 0; j < len(level); j++ {
 			c := level[j]
 			switch c {
-			case '%', '.', '*', '#', '+', '/':
+			case '%', '.', '*', '#', '+':
 				fmt.Fprintf(&b, "%%%02X", c)
 			default:
 				b.WriteByte(c)
@@ -91,7 +93,12 @@ func AMQPToMQTT(key string) (string, error) {
 				}
 				d := unhex(word[j+1])<<4 | unhex(word[j+2])
 				switch d {
-				case '%', '.', '*', '#', '+', '/':
+				case '%', '.', '*', '#', '+':
+				case '/':
+					// A level never holds '/': decoded, it would split the
+					// word into two levels that MQTTToAMQP writes as two
+					// words.
+					return "", fmt.Errorf("%w: %q: escaped '/' in word %q would split an MQTT level", ErrUnmappable, key, word)
 				default:
 					return "", fmt.Errorf("%w: %q: needless escape %%%c%c in word %q", ErrUnmappable, key, word[j+1], word[j+2], word)
 				}
