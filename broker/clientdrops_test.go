@@ -118,10 +118,15 @@ func publishQoS0(t *testing.T, b *Broker, publishers, each int) {
 }
 
 // checkDropsAddUp waits until the per-client drop counts equal the
-// broker's totals and returns the clients that lost messages.
+// broker's totals and have stopped changing (a write loop may still be
+// draining into a full outbox after the publishers are done), and returns
+// the clients that lost messages.
 func checkDropsAddUp(t *testing.T, b *Broker) []ClientDrops {
+	const settled = 300 * time.Millisecond
 	var drops []ClientDrops
 	var writeQueue, outbox uint64
+	var lastTotal uint64
+	lastChange := time.Now()
 	eventually(t, 10*time.Second, func() bool {
 		drops = b.droppingClients(1 << 20)
 		writeQueue, outbox = 0, 0
@@ -129,9 +134,14 @@ func checkDropsAddUp(t *testing.T, b *Broker) []ClientDrops {
 			writeQueue += d.WriteQueueFull
 			outbox += d.QoS0OutboxFull
 		}
+		if total := writeQueue + outbox; total != lastTotal {
+			lastTotal, lastChange = total, time.Now()
+			return false
+		}
 		o := b.Overview()
-		return uint64(o.MessagesDropped) == writeQueue && o.QoS0Dropped == outbox && writeQueue+outbox > 0
-	}, "per-client drops add up to the broker's totals")
+		return uint64(o.MessagesDropped) == writeQueue && o.QoS0Dropped == outbox && writeQueue+outbox > 0 &&
+			time.Since(lastChange) >= settled
+	}, "per-client drops add up to the broker's totals and stop changing")
 	t.Logf("dropped: write queue %d, QoS 0 outbox %d, by %d clients", writeQueue, outbox, len(drops))
 	return drops
 }
