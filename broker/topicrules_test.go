@@ -86,9 +86,15 @@ func publishV5(t *testing.T, pc *pahoClient, p *paho.Publish) byte {
 func retainDollarAndPlain(t *testing.T, b *Broker) {
 	t.Helper()
 	pub := connectPaho(t, b.MQTTAddr(), "retainer", nil)
+	// Mochi acknowledges a publish before it delivers it: the retainer
+	// waits for its own copies, so the delivery is over before anyone else
+	// subscribes (who would otherwise get the message live and retained).
+	pub.subscribe(t, "$app/status", 0)
+	pub.subscribe(t, "plain/status", 0)
 	for _, m := range []struct{ topic, payload string }{{"$app/status", "d"}, {"plain/status", "p"}} {
 		require.Equal(t, byte(0), publishV5(t, pub, &paho.Publish{Topic: m.topic, QoS: 1, Retain: true, Payload: []byte(m.payload)}))
 	}
+	eventually(t, 5*time.Second, func() bool { return len(topicsOf(pub)) == 2 }, "the retainer got its own two publishes")
 	_, ok := b.Server().Topics.Retained.Get("$app/status")
 	require.True(t, ok, "an ordinary $ topic may be retained")
 }
