@@ -330,6 +330,7 @@ func sharedNotes() []string {
 		"Every member, of every kind, has one FIFO and one worker with the same drift-free service emulation. A broker that closes the connection on an extended PINGREQ makes the SDK reconnect and publish its reports to $luffy/load instead (ordinary messages nobody subscribes to on Mosquitto and Mochi); a paho member does not reconnect. Each run's notes say what happened.",
 		"luffymq runs as a separate process (the real binary); Mosquitto runs as a separate process with set_tcp_nodelay true; vanilla Mochi runs as a separate process (`luffy-bench " + MochiServerCommand + "`) with default options.",
 		OracleName + ": replays the exact arrival trace, always giving a message to the member that can start it soonest, knowing every member's exact busy-until time, with zero network delay (the same at QoS 1). A strong reference, not a proven lower bound; its row is computed once per subscriber kind.",
+		"Column *mean ÷ oracle on the run's network*: each live run's mean divided by the oracle replayed on that run's own network — every message reaches its member no earlier than its measured delivery delay in the run (receipt − scheduled publish) — then the median over runs. At 100 % utilisation (thesis-2) a message that reaches an idle member late costs that member's capacity for good, so the plain oracle's zero-delay figure is out of any live system's reach; this column separates the policy's share of the gap from the network's.",
 		"Members use clean sessions (session expiry 0).",
 	}
 }

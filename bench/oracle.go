@@ -10,6 +10,9 @@ type Delivery struct {
 	Member int           `json:"member"` // 0-based
 	Sent   time.Duration `json:"sent_ns"`
 	Start  time.Duration `json:"start_ns"` // dequeue: the virtual service start
+	// Ready is when the member received it (0: not measured, as in the
+	// oracle's replays); Ready − Sent is the run's delivery delay.
+	Ready time.Duration `json:"ready_ns,omitempty"`
 }
 
 // Latency is the queueing delay: dequeue time − publish time.
@@ -25,18 +28,35 @@ func (d Delivery) Latency() time.Duration { return d.Start - d.Sent }
 // OracleName). At QoS 1 with acknowledgement after processing it is the
 // same replay.
 func Oracle(s Scenario, trace []time.Duration) []Delivery {
+	return OracleWithDelays(s, trace, nil)
+}
+
+// OracleWithDelays is Oracle for a network that is not instantaneous:
+// message seq reaches whichever member it is given delays[seq] after it
+// was sent (0 beyond the slice), and no member can start it before. Fed a
+// live run's measured delivery delays (DeliveryDelays), it tells what the
+// perfect-information policy would have achieved on that run's network:
+// at 100 % utilisation a delay that makes an idle member start late is
+// capacity lost for good, for any policy. The delay of each message is the
+// one measured on the member the live system chose, assumed to be the
+// network's and the same for every member.
+func OracleWithDelays(s Scenario, trace, delays []time.Duration) []Delivery {
 	busy := make([]time.Duration, len(s.Members))
 	for i, m := range s.Members {
 		busy[i] = m.JoinAt
 	}
 	out := make([]Delivery, 0, len(trace))
 	for seq, a := range trace {
+		ready := a
+		if seq < len(delays) {
+			ready += delays[seq]
+		}
 		best, bestStart := -1, time.Duration(0)
 		for i, m := range s.Members {
 			if m.JoinAt > a {
 				continue
 			}
-			start := max(a, busy[i])
+			start := max(ready, busy[i])
 			if m.CrashAt > 0 && start+m.serviceAt(start) > m.CrashAt {
 				continue
 			}
@@ -51,6 +71,19 @@ func Oracle(s Scenario, trace []time.Duration) []Delivery {
 		out = append(out, Delivery{Seq: seq, Member: best, Sent: a, Start: bestStart})
 	}
 	return out
+}
+
+// DeliveryDelays returns, indexed by sequence number, how long each of
+// n messages took from its send to its receipt at a member in a live run
+// (ds); 0 for messages never received or not measured.
+func DeliveryDelays(ds []Delivery, n int) []time.Duration {
+	delays := make([]time.Duration, n)
+	for _, d := range ds {
+		if d.Seq >= 0 && d.Seq < n && d.Ready > 0 && d.Ready > d.Sent {
+			delays[d.Seq] = d.Ready - d.Sent
+		}
+	}
+	return delays
 }
 
 // OracleName is how summaries and plot legends name the oracle: it is a

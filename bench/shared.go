@@ -80,6 +80,12 @@ type RunResult struct {
 	Notes             []string `json:"notes,omitempty"`
 	// Adaptation is set for scenarios with an event (step, join, crash).
 	Adaptation *Adaptation `json:"adaptation,omitempty"`
+	// OracleSameDelaysMean is, for a live run, the mean latency of the
+	// perfect-information oracle replayed with this run's measured
+	// delivery delays (OracleWithDelays): what no policy can beat on the
+	// network the run had. A live system's excess over the plain oracle
+	// that this also shows is the network's, not the policy's.
+	OracleSameDelaysMean float64 `json:"oracle_with_run_delays_mean_ms,omitempty"`
 	// Series holds the per-message data the plots need; not written to JSON.
 	Deliveries []Delivery `json:"-"`
 }
@@ -164,6 +170,13 @@ func buildResult(s Scenario, kind, system string, repeat int, trace []time.Durat
 		span = max(span, d.Start)
 	}
 	r.Overall = Summarise(overall)
+	if measured := DeliveryDelays(first, len(trace)); len(trace) > 0 && len(first) > 0 && first[0].Ready > 0 {
+		var lat []float64
+		for _, d := range OracleWithDelays(s, trace, measured) {
+			lat = append(lat, ms(d.Latency()))
+		}
+		r.OracleSameDelaysMean = Summarise(lat).Mean
+	}
 	var oracle []Delivery
 	if s.EventAt > 0 && len(trace) > 0 {
 		oracle = Oracle(s, trace)
@@ -250,7 +263,7 @@ func (w *memberWorker) serve(ctx context.Context, payload []byte, ready time.Tim
 	}
 	w.run.mu.Lock()
 	if !w.run.dead[w.i] {
-		w.run.ds = append(w.run.ds, Delivery{Seq: seq, Member: w.i, Sent: sent, Start: vstart.Sub(base)})
+		w.run.ds = append(w.run.ds, Delivery{Seq: seq, Member: w.i, Sent: sent, Start: vstart.Sub(base), Ready: ready.Sub(base)})
 	}
 	w.run.mu.Unlock()
 	return d, err
