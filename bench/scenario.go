@@ -131,6 +131,10 @@ const (
 // LuffyStrategies are the luffymq strategies benchmarked, in report order.
 var LuffyStrategies = []string{"adaptive", "adaptive-hold", "thesis", "round-robin", "random", "sticky", "hash-clientid", "hash-topic"}
 
+// SystemAdaptiveHold is adaptive with late binding: it holds messages at
+// the broker on purpose.
+const SystemAdaptiveHold = "luffymq-adaptive-hold"
+
 // BenchHoldLead is the --hold-lead of the luffymq-adaptive-hold system:
 // adaptive with late binding, the lead suited to loopback members.
 const BenchHoldLead = 5 * time.Millisecond
