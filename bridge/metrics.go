@@ -76,6 +76,9 @@ func newStats(b *Bridge) *stats {
 			"cons_pend":   d("conservation_requests_pending", "Conservation requests waiting for the upstream of a removed link to be reachable."),
 			"held":        d("held_messages_total", "Messages a removed federation link left in its queue on this node: conserved (re-published into their exchange) or discarded (--federation-discard-held).", "outcome"),
 			"held_queues": d("held_queues_removed_total", "Queues of removed federation links emptied and deleted on this node."),
+			"links_wait":  d("federation_old_links_waiting", "Old federation links the last configuration attempt kept: they still run and their upstreams have not taken what they hold (no luffymq agent there, or it cannot close the link's connection); the configuration is retried until they have."),
+			"cfg_fail":    d("config_apply_failures_total", "Attempts to apply a configuration message that failed; it is retried every second for its first 10 attempts, then with pauses doubling up to 30 s, until it applies or a newer one replaces it."),
+			"cfg_retry":   d("config_retrying", "1 while the configuration agent holds a configuration message that failed and waits to retry it, else 0."),
 		},
 	}
 }
@@ -105,6 +108,9 @@ type reconfigCounters struct {
 	requestsPending                 atomic.Int64
 	requestsHandled, queuesRemoved  atomic.Uint64
 	conserved, discarded            atomic.Uint64
+	oldLinksWaiting                 atomic.Int64
+	configFailures                  atomic.Uint64
+	configRetrying                  atomic.Int64
 }
 
 // wqCounters counts one group's work-queue traffic.
@@ -256,6 +262,9 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(s.descs["held"], prometheus.CounterValue, float64(r.Conserved), "conserved")
 	ch <- prometheus.MustNewConstMetric(s.descs["held"], prometheus.CounterValue, float64(r.Discarded), "discarded")
 	ch <- prometheus.MustNewConstMetric(s.descs["held_queues"], prometheus.CounterValue, float64(r.QueuesRemoved))
+	ch <- prometheus.MustNewConstMetric(s.descs["links_wait"], prometheus.GaugeValue, float64(r.OldLinksWaiting))
+	ch <- prometheus.MustNewConstMetric(s.descs["cfg_fail"], prometheus.CounterValue, float64(r.ConfigFailures))
+	ch <- prometheus.MustNewConstMetric(s.descs["cfg_retry"], prometheus.GaugeValue, float64(r.ConfigRetrying))
 	for g, w := range s.b.WorkQueueStats() {
 		q := WorkQueueName(g)
 		for src, n := range [numWQSources]uint64{w.Local, w.OwnOverflow, w.FromOtherSites} {

@@ -270,6 +270,15 @@ type ReconfigStats struct {
 	// Conserved counts held messages re-published into the exchange they
 	// came from; Discarded those deleted (DiscardHeldOnMove).
 	Conserved, Discarded uint64
+	// OldLinksWaiting is how many old links the last configuration attempt
+	// had to keep: they still run and their upstreams have not taken
+	// what they hold (the configuration is retried until they have).
+	OldLinksWaiting int64
+	// ConfigFailures counts attempts to apply a configuration message
+	// that failed; ConfigRetrying is 1 while the current one waits for
+	// its next attempt.
+	ConfigFailures uint64
+	ConfigRetrying int64
 }
 
 // ReconfigStats returns the reconfiguration counters.
@@ -280,6 +289,7 @@ func (b *Bridge) ReconfigStats() ReconfigStats {
 		RequestsSent: r.requestsSent.Load(), RequestsAnswered: r.requestsAnswered.Load(), RequestsPending: r.requestsPending.Load(),
 		RequestsHandled: r.requestsHandled.Load(), QueuesRemoved: r.queuesRemoved.Load(),
 		Conserved: r.conserved.Load(), Discarded: r.discarded.Load(),
+		OldLinksWaiting: r.oldLinksWaiting.Load(), ConfigFailures: r.configFailures.Load(), ConfigRetrying: r.configRetrying.Load(),
 	}
 }
 
@@ -470,6 +480,7 @@ func (b *Bridge) applyConfiguration(ctx context.Context, fc FederationConfig) er
 			return err
 		}
 		b.stats.reconfig.linksAdded.Add(uint64(added))
+		b.stats.reconfig.oldLinksWaiting.Store(0)
 		return nil
 	}
 
@@ -546,6 +557,7 @@ func (b *Bridge) applyConfiguration(ctx context.Context, fc FederationConfig) er
 			b.retryConservation(l.uri, reqs[i], fc.Expires)
 		}
 	}
+	b.stats.reconfig.oldLinksWaiting.Store(int64(len(stay)))
 	final.Exchanges = withLinks(want, stay)
 	if err := ApplyFederation(ctx, final); err != nil {
 		return err

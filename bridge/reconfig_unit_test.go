@@ -171,3 +171,33 @@ func TestReconfigOwnCopy(t *testing.T) {
 	require.False(t, ownCopy(amqp.Delivery{}, "site-a@vm", since))
 	require.True(t, ownCopy(at("site a@vm 1700000000000000001"), "site a@vm", since), "a cluster name with a space")
 }
+
+func TestConfigRetryPause(t *testing.T) {
+	// A second for the first 10 failed attempts, then doubling to 30 s.
+	for attempts := 1; attempts <= 10; attempts++ {
+		require.Equal(t, time.Second, configRetryPause(attempts), "attempt %d", attempts)
+	}
+	require.Equal(t, 2*time.Second, configRetryPause(11))
+	require.Equal(t, 4*time.Second, configRetryPause(12))
+	require.Equal(t, 16*time.Second, configRetryPause(14))
+	require.Equal(t, 30*time.Second, configRetryPause(15))
+	require.Equal(t, 30*time.Second, configRetryPause(1000))
+
+	// An hour of failures: at most a few hundred attempts, not 3 600.
+	attempts, elapsed := 0, time.Duration(0)
+	for elapsed < time.Hour {
+		attempts++
+		elapsed += configRetryPause(attempts)
+	}
+	require.Less(t, attempts, 150)
+}
+
+func TestLogConfigFailure(t *testing.T) {
+	var logged []int
+	for attempts := 0; attempts <= 200; attempts++ {
+		if logConfigFailure(attempts) {
+			logged = append(logged, attempts)
+		}
+	}
+	require.Equal(t, []int{1, 2, 4, 8, 16, 32, 64, 128}, logged)
+}

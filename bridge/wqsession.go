@@ -519,14 +519,19 @@ func (b *Bridge) applyConfigMessages(ctx context.Context, ch *amqp.Channel, q st
 		stopAgent()
 		<-agentDone
 	}()
-	// A message that could not be applied is retried every second until
-	// it is, or until a newer one (a whole configuration too) replaces it.
+	// A message that could not be applied is retried (configRetryPause)
+	// until it is, or until a newer one (a whole configuration too)
+	// replaces it.
 	var failed *amqp.Delivery
+	attempts := 0 // failed attempts of the current message
+	var failingSince time.Time
+	retrying := &b.stats.reconfig.configRetrying
+	defer retrying.Store(0)
 	for {
 		var d amqp.Delivery
 		var retry <-chan time.Time // nil: nothing to retry
 		if failed != nil {
-			retry = time.After(time.Second)
+			retry = time.After(configRetryPause(attempts))
 		}
 		select {
 		case <-ctx.Done():
@@ -536,14 +541,16 @@ func (b *Bridge) applyConfigMessages(ctx context.Context, ch *amqp.Channel, q st
 				return errors.New("configuration consumer cancelled")
 			}
 			if failed != nil {
-				b.log.Info("bridge: a newer configuration replaces the one that failed")
+				b.log.Info("bridge: a newer configuration replaces the one that failed", "failed_attempts", attempts)
 				_ = failed.Ack(false)
 			}
+			attempts = 0
 			d = next
 		case <-retry:
 			d = *failed
 		}
 		failed = nil
+		retrying.Store(0)
 		var m configMessage
 		xs, err := []ExchangeFederation(nil), json.Unmarshal(d.Body, &m)
 		if err == nil {
@@ -564,14 +571,54 @@ func (b *Bridge) applyConfigMessages(ctx context.Context, ch *amqp.Channel, q st
 			if ctx.Err() != nil {
 				return nil // unacknowledged: RabbitMQ gives it to the next session
 			}
-			b.log.Error("bridge: applying configuration failed; will retry", "error", err)
+			attempts++
+			b.stats.reconfig.configFailures.Add(1)
+			if attempts == 1 {
+				failingSince = time.Now()
+			}
+			if logConfigFailure(attempts) {
+				b.log.Error("bridge: applying configuration failed; will retry", "error", err,
+					"attempts", attempts, "failing_for", time.Since(failingSince).Round(time.Second), "next_attempt_in", configRetryPause(attempts))
+			} else {
+				b.log.Debug("bridge: applying configuration failed again", "error", err, "attempts", attempts)
+			}
 			failed = &d
+			retrying.Store(1)
 			continue
+		}
+		if attempts > 0 {
+			b.log.Info("bridge: configuration applied after failed attempts", "failed_attempts", attempts, "failing_for", time.Since(failingSince).Round(time.Second))
+			attempts = 0
 		}
 		b.stats.configsApplied.Add(1)
 		b.log.Info("bridge: configuration applied", "exchanges", len(xs))
 		_ = d.Ack(false)
 	}
+}
+
+// configRetryPause is the pause before the next attempt at a configuration
+// message that failed attempts times: a second for the first 10 (an old
+// link waiting for its upstream's agent is normally let go within seconds),
+// then doubling up to 30 s, so that a link that never goes (no luffymq
+// agent at its upstream) costs RabbitMQ little.
+func configRetryPause(attempts int) time.Duration {
+	const quick, maxPause = 10, 30 * time.Second
+	if attempts <= quick {
+		return time.Second
+	}
+	pause := time.Second
+	for i := quick; i < attempts && pause < maxPause; i++ {
+		pause *= 2
+	}
+	return min(pause, maxPause)
+}
+
+// logConfigFailure says whether the attempts-th failure of one
+// configuration message is logged at ERROR: the first, then at attempts
+// that are powers of two, so that a message failing for hours logs a
+// dozen lines, not thousands (the failures are counted in the metrics).
+func logConfigFailure(attempts int) bool {
+	return attempts > 0 && attempts&(attempts-1) == 0
 }
 
 // eventLoop is the event agent: it gives every wq.<g> queue that appears
