@@ -89,6 +89,31 @@ func (b *Bridge) adoptBindings(ch *amqp.Channel, g string) (wqState, error) {
 	return st, nil
 }
 
+// ringBinding is one binding of a group's dead-letter exchange to one of
+// its ring exchanges: the local intake's weight in the hash ring.
+type ringBinding struct {
+	ring   int
+	weight string // the binding key
+}
+
+// dlxRingBindings lists the bindings of group g's dead-letter exchange to
+// its ring exchanges, read through the management API.
+func (b *Bridge) dlxRingBindings(g string) ([]ringBinding, error) {
+	all, err := b.rh.ListExchangeBindingsWithSource(b.vhost(), DeadLetterExchangeName(g))
+	if err != nil {
+		return nil, fmt.Errorf("listing bindings of %s on %s: %w", DeadLetterExchangeName(g), b.cfg.WorkQueue.ManagementURL, err)
+	}
+	var out []ringBinding
+	for _, x := range all {
+		for i := 0; i < 2; i++ {
+			if x.Destination == ringExchange(g, i) && x.DestinationType == "exchange" {
+				out = append(out, ringBinding{ring: i, weight: x.RoutingKey})
+			}
+		}
+	}
+	return out, nil
+}
+
 // ringExchange returns one of the two fanout exchanges through which the
 // dead-letter exchange reaches the local intake queue. The
 // consistent-hash exchange forgets every bucket of a destination when any
@@ -152,16 +177,23 @@ func (b *Bridge) vhost() string {
 	return "/"
 }
 
+// strayCheckInterval is how often at most the retune loop looks for
+// bindings of a group's hash ring that it did not make (see
+// moveRingWeight). The race that makes them is at a queue's creation, so
+// the first move after it (the check's zero time) always looks.
+const strayCheckInterval = 5 * time.Second
+
 // wqState is what the retune loop last applied to one group.
 type wqState struct {
-	maxLength int
-	ttl       time.Duration
-	weight    int // bound to the dead-letter exchange through ring exchange ring
-	ring      int
-	inWeight  int // bound to the intake exchange (0: unbound)
-	inQueue   int
-	online    int
-	owner     bool // this broker retunes the group for its site
+	strayCheck time.Time // when moveRingWeight last looked for strays
+	maxLength  int
+	ttl        time.Duration
+	weight     int // bound to the dead-letter exchange through ring exchange ring
+	ring       int
+	inWeight   int // bound to the intake exchange (0: unbound)
+	inQueue    int
+	online     int
+	owner      bool // this broker retunes the group for its site
 }
 
 // membersOf returns group g's members from the load source.
@@ -347,16 +379,17 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 		st.maxLength, st.ttl = c.MaxLength, c.TTL
 	}
 	if st.weight != w {
-		// New weight on the other ring exchange first, then the old one
-		// away: the local intake stays in the hash ring throughout.
-		next := 1 - st.ring
-		if err := ch.ExchangeBind(ringExchange(g.name, next), strconv.Itoa(w), DeadLetterExchangeName(g.name), false, nil); err != nil {
-			return fmt.Errorf("binding %s to %s: %w", ringExchange(g.name, next), DeadLetterExchangeName(g.name), err)
+		// Weights change at most every retune; looking for bindings this
+		// bridge did not make costs a management API call, so it is done
+		// at most every strayCheckInterval.
+		checkStrays := time.Since(st.strayCheck) >= strayCheckInterval
+		if err := b.moveRingWeight(ch, g.name, st.ring, st.weight, w, checkStrays); err != nil {
+			return err
 		}
-		if err := ch.ExchangeUnbind(ringExchange(g.name, st.ring), strconv.Itoa(st.weight), DeadLetterExchangeName(g.name), false, nil); err != nil {
-			return fmt.Errorf("unbinding %s from %s: %w", ringExchange(g.name, st.ring), DeadLetterExchangeName(g.name), err)
+		if checkStrays {
+			st.strayCheck = time.Now()
 		}
-		st.ring, st.weight = next, w
+		st.ring, st.weight = 1-st.ring, w
 	}
 	if st.inWeight != inW {
 		// Federation mirrors these bindings on the other sites'
@@ -380,6 +413,59 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 	b.wqMu.Lock()
 	b.wqStates[g.name] = st
 	b.wqMu.Unlock()
+	return nil
+}
+
+// moveRingWeight gives the local intake weight w in group g's hash ring,
+// moving it from ring exchange ring (bound with weight old) to the other
+// one: the new weight is bound first, then the old one goes, so the
+// intake stays in the ring throughout. Bindings this bridge did not make
+// (an event agent of another broker of the site that does not export g,
+// racing this one's first binding) are removed with them: on the new
+// ring before binding, so it ends with one binding; on the old ring with
+// the old weight. Each ring exchange has at most one binding, which
+// RabbitMQ 3.10's consistent-hash exchange needs (see adoptBindings).
+// Without checkStrays it moves only its own binding.
+func (b *Bridge) moveRingWeight(ch *amqp.Channel, g string, ring, old, w int, checkStrays bool) error {
+	next := 1 - ring
+	dlx := DeadLetterExchangeName(g)
+	var bound []ringBinding
+	if checkStrays {
+		var err error
+		if bound, err = b.dlxRingBindings(g); err != nil {
+			return err
+		}
+	}
+	unbind := func(r int, key string) error {
+		if err := ch.ExchangeUnbind(ringExchange(g, r), key, dlx, false, nil); err != nil {
+			return fmt.Errorf("unbinding %s from %s: %w", ringExchange(g, r), dlx, err)
+		}
+		return nil
+	}
+	var strays []ringBinding
+	for _, x := range bound {
+		switch {
+		case x.ring == next:
+			b.log.Warn("bridge: removing a binding this bridge did not make from the work queue's hash ring", "exchange", dlx, "ring", ringExchange(g, next), "weight", x.weight)
+			if err := unbind(next, x.weight); err != nil {
+				return err
+			}
+		case x.weight != strconv.Itoa(old):
+			strays = append(strays, x)
+		}
+	}
+	if err := ch.ExchangeBind(ringExchange(g, next), strconv.Itoa(w), dlx, false, nil); err != nil {
+		return fmt.Errorf("binding %s to %s: %w", ringExchange(g, next), dlx, err)
+	}
+	if err := unbind(ring, strconv.Itoa(old)); err != nil {
+		return err
+	}
+	for _, x := range strays {
+		b.log.Warn("bridge: removing a binding this bridge did not make from the work queue's hash ring", "exchange", dlx, "ring", ringExchange(g, x.ring), "weight", x.weight)
+		if err := unbind(x.ring, x.weight); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -736,7 +822,20 @@ func (t *topologyChannel) close() {
 func (b *Bridge) workQueueAppeared(topo *topologyChannel, g string) error {
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
-		err := topo.do(func(ch *amqp.Channel) error { return declareOverflowTopology(ch, g, 1) })
+		err := topo.do(func(ch *amqp.Channel) error {
+			if err := declareOverflowTopology(ch, g, 0); err != nil {
+				return err
+			}
+			// The local intake joins the hash ring with weight 1 unless
+			// it is in it already: a broker of the site that exports g
+			// owns the binding, and a second one on its ring exchange
+			// would corrupt the ring when it retunes (see adoptBindings).
+			bound, err := b.dlxRingBindings(g)
+			if err != nil || len(bound) > 0 {
+				return err
+			}
+			return ch.ExchangeBind(ringExchange(g, 0), "1", DeadLetterExchangeName(g), false, nil)
+		})
 		if err == nil {
 			break
 		}
