@@ -1,10 +1,8 @@
 package bridge_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
 
@@ -150,33 +149,18 @@ func waitExactlyOnce(t *testing.T, c *overlapCounter, sent []string, receivers [
 // each message before its PUBACK.
 func connectOverlapClient(t *testing.T, addr, receiver, filter string, service time.Duration, c *overlapCounter) {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	var cl *paho.Client
-	cl = paho.NewClient(paho.ClientConfig{
-		ClientID:                   receiver,
-		Conn:                       conn,
+	mqtttest.Connect(t, addr, receiver, paho.ClientConfig{
 		EnableManualAcknowledgment: true,
 		SendAcksInterval:           time.Millisecond,
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
 			func(pr paho.PublishReceived) (bool, error) {
 				time.Sleep(service)
 				c.record(receiver, pr.Packet)
-				_ = cl.Ack(pr.Packet)
+				_ = pr.Client.Ack(pr.Packet)
 				return true, nil
 			},
 		},
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = cl.Connect(ctx, &paho.Connect{ClientID: receiver, KeepAlive: 30, CleanStart: true})
-	require.NoError(t, err)
-	_, err = cl.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = cl.Disconnect(&paho.Disconnect{})
-		_ = conn.Close()
-	})
+	}, paho.SubscribeOptions{Topic: filter, QoS: 1})
 }
 
 // startOverlapBroker starts a broker of site at node n exporting exports
@@ -204,12 +188,12 @@ func startOverlapBroker(t *testing.T, n *rabbitharness.Node, site, brokerID stri
 // probeUntilReceived publishes probes on topic from pub until every one
 // of receivers got one (bindings and federation propagate
 // asynchronously).
-func probeUntilReceived(t *testing.T, pub *mqttClient, topic string, c *overlapCounter, receivers ...string) {
+func probeUntilReceived(t *testing.T, pub *mqtttest.Recorder, topic string, c *overlapCounter, receivers ...string) {
 	t.Helper()
 	i := 0
 	require.Eventually(t, func() bool {
 		i++
-		if pub.send(&paho.Publish{Topic: topic, QoS: 1, Payload: []byte("probe-" + strconv.Itoa(i))}) != nil {
+		if pub.Send(&paho.Publish{Topic: topic, QoS: 1, Payload: []byte("probe-" + strconv.Itoa(i))}) != nil {
 			return false
 		}
 		c.mu.Lock()
@@ -225,12 +209,12 @@ func probeUntilReceived(t *testing.T, pub *mqttClient, topic string, c *overlapC
 
 // publishRun publishes count QoS 1 messages "run-<from>-<i>" under root
 // from pub, every interval, and returns their payloads.
-func publishRun(t *testing.T, pub *mqttClient, root, from string, count int, interval time.Duration) []string {
+func publishRun(t *testing.T, pub *mqtttest.Recorder, root, from string, count int, interval time.Duration) []string {
 	t.Helper()
 	var sent []string
 	for i := range count {
 		payload := fmt.Sprintf("run-%s-%d", from, i)
-		pub.publish(t, &paho.Publish{Topic: fmt.Sprintf("%s/data/%d", root, i%5), QoS: 1, Payload: []byte(payload)})
+		pub.MustSend(t, &paho.Publish{Topic: fmt.Sprintf("%s/data/%d", root, i%5), QoS: 1, Payload: []byte(payload)})
 		sent = append(sent, payload)
 		time.Sleep(interval)
 	}
@@ -256,7 +240,7 @@ func TestExportOverlapOneBroker(t *testing.T) {
 	connectOverlapClient(t, b.MQTTAddr(), "ovl1-w1", share, 5*time.Millisecond, c)
 	connectOverlapClient(t, b.MQTTAddr(), "ovl1-w2", share, 5*time.Millisecond, c)
 	connectOverlapClient(t, b.MQTTAddr(), "ovl1-o1", other, 0, c)
-	pub := connectMQTT(t, b.MQTTAddr(), "ovl1-pub")
+	pub := mqtttest.ConnectRecorder(t, b.MQTTAddr(), "ovl1-pub")
 	probeUntilReceived(t, pub, root+"/probe", c, "ovl1-sub", "ovl1-o1")
 	probeUntilReceived(t, pub, root+"/probe", c, "ovl1-w1")
 	probeUntilReceived(t, pub, root+"/probe", c, "ovl1-w2")
@@ -280,7 +264,7 @@ func TestExportOverlapTwoBrokers(t *testing.T) {
 	n := h.Node("montreal")
 	wq := bridge.WorkQueueConfig{TTLPerMember: 30 * time.Second, RetuneInterval: 100 * time.Millisecond}
 	brokers := map[string]*broker.Broker{}
-	pubs := map[string]*mqttClient{}
+	pubs := map[string]*mqtttest.Recorder{}
 	for _, id := range []string{"ovl2a", "ovl2b"} {
 		b := startOverlapBroker(t, n, "montreal", id, []string{root + "/#"}, []string{share}, wq)
 		brokers[id] = b
@@ -290,7 +274,7 @@ func TestExportOverlapTwoBrokers(t *testing.T) {
 		connectOverlapClient(t, b.MQTTAddr(), id+"-sub", root+"/#", 0, c)
 		connectOverlapClient(t, b.MQTTAddr(), id+"-w", share, 5*time.Millisecond, c)
 		connectOverlapClient(t, b.MQTTAddr(), id+"-o", other, 0, c)
-		pubs[id] = connectMQTT(t, b.MQTTAddr(), id+"-pub")
+		pubs[id] = mqtttest.ConnectRecorder(t, b.MQTTAddr(), id+"-pub")
 	}
 	for id, pub := range pubs {
 		probeUntilReceived(t, pub, root+"/probe", c, "ovl2a-sub", "ovl2b-sub", "ovl2a-o", "ovl2b-o")
@@ -307,7 +291,7 @@ func TestExportOverlapTwoBrokers(t *testing.T) {
 			var mine []string
 			for i := range 60 {
 				payload := fmt.Sprintf("run-%s-%d", id, i)
-				if err := pub.send(&paho.Publish{Topic: fmt.Sprintf("%s/data/%d", root, i%5), QoS: 1, Payload: []byte(payload)}); err != nil {
+				if err := pub.Send(&paho.Publish{Topic: fmt.Sprintf("%s/data/%d", root, i%5), QoS: 1, Payload: []byte(payload)}); err != nil {
 					t.Errorf("publishing at %s: %v", id, err)
 					return
 				}
@@ -381,7 +365,7 @@ func TestExportOverlapAcrossSites(t *testing.T) {
 		}
 		return true
 	}, 30*time.Second, 100*time.Millisecond, "work queue %s not ready", group)
-	pub := connectMQTT(t, brokers["berlin"].MQTTAddr(), "ovl3-pub")
+	pub := mqtttest.ConnectRecorder(t, brokers["berlin"].MQTTAddr(), "ovl3-pub")
 	probeUntilReceived(t, pub, root+"/probe", c, plain...)
 	probeUntilReceived(t, pub, root+"/probe", c, "ovl3-w-berlin-0")
 

@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/eclipse/paho.golang/paho"
 	"github.com/stretchr/testify/require"
 
 	"github.com/luffymq/luffymq/bridge"
@@ -133,89 +131,3 @@ func waitFederation(t *testing.T, h *rabbitharness.Harness, exchange string) {
 type stringer func() string
 
 func (s stringer) String() string { return s() }
-
-// mqttClient is a paho.golang client that records what it receives.
-type mqttClient struct {
-	*paho.Client
-	conn net.Conn
-
-	mu       sync.Mutex
-	received []*paho.Publish
-}
-
-func connectMQTT(t *testing.T, addr, clientID string) *mqttClient {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	c := &mqttClient{conn: conn}
-	c.Client = paho.NewClient(paho.ClientConfig{
-		ClientID: clientID,
-		Conn:     conn,
-		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
-			func(pr paho.PublishReceived) (bool, error) {
-				c.mu.Lock()
-				c.received = append(c.received, pr.Packet)
-				c.mu.Unlock()
-				return true, nil
-			},
-		},
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = c.Connect(ctx, &paho.Connect{ClientID: clientID, KeepAlive: 30, CleanStart: true})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = c.Disconnect(&paho.Disconnect{})
-		_ = conn.Close()
-	})
-	return c
-}
-
-func (c *mqttClient) subscribe(t *testing.T, filter string, qos byte, retainAsPublished bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{
-		{Topic: filter, QoS: qos, RetainAsPublished: retainAsPublished},
-	}})
-	require.NoError(t, err)
-}
-
-func (c *mqttClient) publish(t *testing.T, p *paho.Publish) {
-	t.Helper()
-	require.NoError(t, c.send(p))
-}
-
-// send publishes p and waits for its acknowledgement; safe off the test
-// goroutine.
-func (c *mqttClient) send(p *paho.Publish) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err := c.Publish(ctx, p)
-	return err
-}
-
-// payloads returns how often each payload with prefix was received.
-func (c *mqttClient) payloads(prefix string) map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := map[string]int{}
-	for _, p := range c.received {
-		if s := string(p.Payload); strings.HasPrefix(s, prefix) {
-			out[s]++
-		}
-	}
-	return out
-}
-
-// find returns the first received message with payload, or nil.
-func (c *mqttClient) find(payload string) *paho.Publish {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, p := range c.received {
-		if string(p.Payload) == payload {
-			return p
-		}
-	}
-	return nil
-}

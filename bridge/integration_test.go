@@ -17,6 +17,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 	"github.com/luffymq/luffymq/internal/testenv"
 )
@@ -26,7 +27,7 @@ import (
 type site struct {
 	name   string
 	broker *broker.Broker
-	client *mqttClient
+	client *mqtttest.Recorder
 }
 
 // startSites starts one bridged broker per test site exporting export, with
@@ -37,24 +38,24 @@ func startSites(t *testing.T, h *rabbitharness.Harness, export, filter, probeTop
 	sites := map[string]*site{}
 	for _, name := range testSites {
 		b := startSite(t, name, h.Node(name).AMQPURL(), export)
-		c := connectMQTT(t, b.MQTTAddr(), "sub-"+name)
-		c.subscribe(t, filter, 1, true)
+		c := mqtttest.ConnectRecorder(t, b.MQTTAddr(), "sub-"+name)
+		c.MustSubscribe(t, filter, 1, true)
 		sites[name] = &site{name: name, broker: b, client: c}
 	}
 	waitFederation(t, h, bridge.ExchangeName(export))
 	// Bindings propagate asynchronously (bridge -> local exchange ->
 	// federation -> upstream queue): probe until every path carries.
 	for _, from := range testSites {
-		pub := connectMQTT(t, sites[from].broker.MQTTAddr(), "probe-"+from)
+		pub := mqtttest.ConnectRecorder(t, sites[from].broker.MQTTAddr(), "probe-"+from)
 		prefix := "probe-" + from + "-"
 		i := 0
 		require.Eventually(t, func() bool {
 			i++
-			if pub.send(&paho.Publish{Topic: probeTopic, QoS: 1, Payload: []byte(fmt.Sprintf("%s%d", prefix, i))}) != nil {
+			if pub.Send(&paho.Publish{Topic: probeTopic, QoS: 1, Payload: []byte(fmt.Sprintf("%s%d", prefix, i))}) != nil {
 				return false
 			}
 			for _, to := range testSites {
-				if len(sites[to].client.payloads(prefix)) == 0 {
+				if len(sites[to].client.Payloads(prefix)) == 0 {
 					return false
 				}
 			}
@@ -75,19 +76,19 @@ func TestPubSubAcrossSites(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make(chan error, len(sent))
 		for from, n := range sent {
-			pub := connectMQTT(t, sites[from].broker.MQTTAddr(), "pub-"+from)
+			pub := mqtttest.ConnectRecorder(t, sites[from].broker.MQTTAddr(), "pub-"+from)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for i := range n {
-					if err := pub.send(&paho.Publish{Topic: "t/data", QoS: 1, Payload: []byte(fmt.Sprintf("run-%s-%d", from, i))}); err != nil {
+					if err := pub.Send(&paho.Publish{Topic: "t/data", QoS: 1, Payload: []byte(fmt.Sprintf("run-%s-%d", from, i))}); err != nil {
 						errs <- err
 						return
 					}
 				}
 				// A fence after the counted messages: duplicates on the
 				// same path would arrive before it.
-				errs <- pub.send(&paho.Publish{Topic: "t/data", QoS: 1, Payload: []byte("fence-" + from)})
+				errs <- pub.Send(&paho.Publish{Topic: "t/data", QoS: 1, Payload: []byte("fence-" + from)})
 			}()
 		}
 		wg.Wait()
@@ -101,7 +102,7 @@ func TestPubSubAcrossSites(t *testing.T) {
 		}
 		require.Eventually(t, func() bool {
 			for _, s := range sites {
-				if len(s.client.payloads("run-")) != total || len(s.client.payloads("fence-")) != len(sent) {
+				if len(s.client.Payloads("run-")) != total || len(s.client.Payloads("fence-")) != len(sent) {
 					return false
 				}
 			}
@@ -109,7 +110,7 @@ func TestPubSubAcrossSites(t *testing.T) {
 		}, 60*time.Second, 50*time.Millisecond, "not every site received every message")
 
 		for _, to := range testSites {
-			got := sites[to].client.payloads("run-")
+			got := sites[to].client.Payloads("run-")
 			dups, lost := 0, 0
 			for from, n := range sent {
 				for i := range n {
@@ -133,8 +134,8 @@ func TestPubSubAcrossSites(t *testing.T) {
 	})
 
 	t.Run("properties and retain cross sites", func(t *testing.T) {
-		pub := connectMQTT(t, sites["berlin"].broker.MQTTAddr(), "props-berlin")
-		pub.publish(t, &paho.Publish{
+		pub := mqtttest.ConnectRecorder(t, sites["berlin"].broker.MQTTAddr(), "props-berlin")
+		pub.MustSend(t, &paho.Publish{
 			Topic: "t/props", QoS: 1, Retain: true, Payload: []byte("props-1"),
 			Properties: &paho.PublishProperties{
 				ContentType:     "text/plain",
@@ -145,7 +146,7 @@ func TestPubSubAcrossSites(t *testing.T) {
 		})
 		var got *paho.Publish
 		require.Eventually(t, func() bool {
-			got = sites["tunis"].client.find("props-1")
+			got = sites["tunis"].client.Find("props-1")
 			return got != nil
 		}, 10*time.Second, 20*time.Millisecond)
 		require.Equal(t, byte(1), got.QoS)
@@ -158,11 +159,11 @@ func TestPubSubAcrossSites(t *testing.T) {
 
 		// The retained message is kept by the remote broker for later
 		// subscribers.
-		require.Eventually(t, func() bool { return sites["montreal"].client.find("props-1") != nil },
+		require.Eventually(t, func() bool { return sites["montreal"].client.Find("props-1") != nil },
 			10*time.Second, 20*time.Millisecond)
-		late := connectMQTT(t, sites["montreal"].broker.MQTTAddr(), "late-montreal")
-		late.subscribe(t, "t/props", 1, false)
-		require.Eventually(t, func() bool { return late.find("props-1") != nil }, 5*time.Second, 20*time.Millisecond)
+		late := mqtttest.ConnectRecorder(t, sites["montreal"].broker.MQTTAddr(), "late-montreal")
+		late.MustSubscribe(t, "t/props", 1, false)
+		require.Eventually(t, func() bool { return late.Find("props-1") != nil }, 5*time.Second, 20*time.Millisecond)
 	})
 
 	t.Run("metrics", func(t *testing.T) {
@@ -184,9 +185,9 @@ func TestPubSubAcrossSites(t *testing.T) {
 	t.Run("bindings follow subscriptions", func(t *testing.T) {
 		b := sites["tunis"].broker.Bridge()
 		want := bridge.Binding{Exchange: "pubsub.t", Key: "t.*.deep"}
-		c := connectMQTT(t, sites["tunis"].broker.MQTTAddr(), "binder-tunis")
-		c.subscribe(t, "t/+/deep", 0, false)
-		c.subscribe(t, "other/#", 0, false) // not exported: no binding
+		c := mqtttest.ConnectRecorder(t, sites["tunis"].broker.MQTTAddr(), "binder-tunis")
+		c.MustSubscribe(t, "t/+/deep", 0, false)
+		c.MustSubscribe(t, "other/#", 0, false) // not exported: no binding
 		require.Eventually(t, func() bool { return contains(b.Bindings(), want) }, 5*time.Second, 10*time.Millisecond)
 		for _, bd := range b.Bindings() {
 			require.Equal(t, "pubsub.t", bd.Exchange)
@@ -214,30 +215,30 @@ func TestLinkCutLosesNothing(t *testing.T) {
 	link, err := h.Link(h.Node("tunis"), h.Node("berlin")) // tunis's federation upstream berlin
 	require.NoError(t, err)
 
-	pub := connectMQTT(t, sites["berlin"].broker.MQTTAddr(), "pub-cut")
+	pub := mqtttest.ConnectRecorder(t, sites["berlin"].broker.MQTTAddr(), "pub-cut")
 	link.Cut()
 	cutAt := time.Now()
 	const n = 100
 	for i := range n {
-		pub.publish(t, &paho.Publish{Topic: "cut/data", QoS: 1, Payload: []byte(fmt.Sprintf("cut-%d", i))})
+		pub.MustSend(t, &paho.Publish{Topic: "cut/data", QoS: 1, Payload: []byte(fmt.Sprintf("cut-%d", i))})
 	}
 	// Montréal's link is intact: it gets everything during the cut.
-	require.Eventually(t, func() bool { return len(sites["montreal"].client.payloads("cut-")) == n },
+	require.Eventually(t, func() bool { return len(sites["montreal"].client.Payloads("cut-")) == n },
 		10*time.Second, 20*time.Millisecond)
-	require.Empty(t, sites["tunis"].client.payloads("cut-"), "nothing crosses a cut link")
+	require.Empty(t, sites["tunis"].client.Payloads("cut-"), "nothing crosses a cut link")
 
 	// Keep the link down for 10 s, then restore it.
 	down := time.NewTimer(10*time.Second - time.Since(cutAt))
 	<-down.C
-	require.Empty(t, sites["tunis"].client.payloads("cut-"))
+	require.Empty(t, sites["tunis"].client.Payloads("cut-"))
 	require.NoError(t, link.Restore())
 	restored := time.Now()
 
-	require.Eventually(t, func() bool { return len(sites["tunis"].client.payloads("cut-")) == n },
+	require.Eventually(t, func() bool { return len(sites["tunis"].client.Payloads("cut-")) == n },
 		30*time.Second, 20*time.Millisecond, "messages held during the cut arrive once the link returns")
-	pub.publish(t, &paho.Publish{Topic: "cut/data", QoS: 1, Payload: []byte("fence-cut")})
-	require.Eventually(t, func() bool { return sites["tunis"].client.find("fence-cut") != nil }, 10*time.Second, 20*time.Millisecond)
-	got := sites["tunis"].client.payloads("cut-")
+	pub.MustSend(t, &paho.Publish{Topic: "cut/data", QoS: 1, Payload: []byte("fence-cut")})
+	require.Eventually(t, func() bool { return sites["tunis"].client.Find("fence-cut") != nil }, 10*time.Second, 20*time.Millisecond)
+	got := sites["tunis"].client.Payloads("cut-")
 	dups := 0
 	for i := range n {
 		c := got[fmt.Sprintf("cut-%d", i)]
@@ -246,7 +247,7 @@ func TestLinkCutLosesNothing(t *testing.T) {
 	}
 	t.Logf("link tunis->berlin cut for %v: sent %d, tunis received %d after restore (in %v), montreal %d, duplicates %d, lost 0",
 		restored.Sub(cutAt).Round(time.Millisecond), n, len(got), time.Since(restored).Round(time.Millisecond),
-		len(sites["montreal"].client.payloads("cut-")), dups)
+		len(sites["montreal"].client.Payloads("cut-")), dups)
 	require.Zero(t, dups)
 }
 
@@ -270,11 +271,11 @@ func TestUnreachableRabbitMQ(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close() })
 
 	// Local MQTT keeps working.
-	sub := connectMQTT(t, b.MQTTAddr(), "local-sub")
-	sub.subscribe(t, "u/#", 1, false)
-	pub := connectMQTT(t, b.MQTTAddr(), "local-pub")
-	pub.publish(t, &paho.Publish{Topic: "u/x", QoS: 1, Payload: []byte("local-1")})
-	require.Eventually(t, func() bool { return sub.find("local-1") != nil }, 5*time.Second, 10*time.Millisecond)
+	sub := mqtttest.ConnectRecorder(t, b.MQTTAddr(), "local-sub")
+	sub.MustSubscribe(t, "u/#", 1, false)
+	pub := mqtttest.ConnectRecorder(t, b.MQTTAddr(), "local-pub")
+	pub.MustSend(t, &paho.Publish{Topic: "u/x", QoS: 1, Payload: []byte("local-1")})
+	require.Eventually(t, func() bool { return sub.Find("local-1") != nil }, 5*time.Second, 10*time.Millisecond)
 
 	// One clear line names the URL (without the password) and says what
 	// still works.

@@ -1,11 +1,9 @@
 package bridge_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 	"github.com/luffymq/luffymq/internal/testenv"
 )
@@ -36,18 +35,18 @@ func TestMultiBrokerPubSub(t *testing.T) {
 	require.NotEqual(t, idA, idB, "derived broker IDs differ")
 	require.Equal(t, bridge.ImportQueueName("berlin", idB), b.Bridge().ImportQueue())
 
-	bSub := connectMQTT(t, b.MQTTAddr(), "sub-berlin-b")
-	bSub.subscribe(t, "mb/#", 1, false)
-	bMember := connectMQTT(t, b.MQTTAddr(), "member-berlin-b")
-	bMember.subscribe(t, "$share/mbg/mb/#", 1, false)
+	bSub := mqtttest.ConnectRecorder(t, b.MQTTAddr(), "sub-berlin-b")
+	bSub.MustSubscribe(t, "mb/#", 1, false)
+	bMember := mqtttest.ConnectRecorder(t, b.MQTTAddr(), "member-berlin-b")
+	bMember.MustSubscribe(t, "$share/mbg/mb/#", 1, false)
 	// B's bindings propagate (to its import queue, and through federation
 	// to tunis): probe every path that involves B until it carries.
-	pubs := map[string]*mqttClient{
-		"berlin-a": connectMQTT(t, a.broker.MQTTAddr(), "pub-berlin-a"),
-		"berlin-b": connectMQTT(t, b.MQTTAddr(), "pub-berlin-b"),
-		"tunis":    connectMQTT(t, tunis.broker.MQTTAddr(), "pub-tunis"),
+	pubs := map[string]*mqtttest.Recorder{
+		"berlin-a": mqtttest.ConnectRecorder(t, a.broker.MQTTAddr(), "pub-berlin-a"),
+		"berlin-b": mqtttest.ConnectRecorder(t, b.MQTTAddr(), "pub-berlin-b"),
+		"tunis":    mqtttest.ConnectRecorder(t, tunis.broker.MQTTAddr(), "pub-tunis"),
 	}
-	receivers := map[string]*mqttClient{
+	receivers := map[string]*mqtttest.Recorder{
 		"berlin-a sub": a.client, "berlin-b sub": bSub, "berlin-b member": bMember,
 		"tunis sub": tunis.client, "montreal sub": sites["montreal"].client,
 	}
@@ -56,11 +55,11 @@ func TestMultiBrokerPubSub(t *testing.T) {
 		i := 0
 		require.Eventually(t, func() bool {
 			i++
-			if pub.send(&paho.Publish{Topic: "mb/probe", QoS: 1, Payload: []byte(prefix + strconv.Itoa(i))}) != nil {
+			if pub.Send(&paho.Publish{Topic: "mb/probe", QoS: 1, Payload: []byte(prefix + strconv.Itoa(i))}) != nil {
 				return false
 			}
 			for _, r := range receivers {
-				if len(r.payloads(prefix)) == 0 {
+				if len(r.Payloads(prefix)) == 0 {
 					return false
 				}
 			}
@@ -76,12 +75,12 @@ func TestMultiBrokerPubSub(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range n {
-				if err := pub.send(&paho.Publish{Topic: "mb/data", QoS: 1, Payload: []byte(fmt.Sprintf("mbrun-%s-%d", from, i))}); err != nil {
+				if err := pub.Send(&paho.Publish{Topic: "mb/data", QoS: 1, Payload: []byte(fmt.Sprintf("mbrun-%s-%d", from, i))}); err != nil {
 					errs <- err
 					return
 				}
 			}
-			errs <- pub.send(&paho.Publish{Topic: "mb/data", QoS: 1, Payload: []byte("mbfence-" + from)})
+			errs <- pub.Send(&paho.Publish{Topic: "mb/data", QoS: 1, Payload: []byte("mbfence-" + from)})
 		}()
 	}
 	wg.Wait()
@@ -92,7 +91,7 @@ func TestMultiBrokerPubSub(t *testing.T) {
 	total := n * len(pubs)
 	require.Eventually(t, func() bool {
 		for _, r := range receivers {
-			if len(r.payloads("mbrun-")) != total || len(r.payloads("mbfence-")) != len(pubs) {
+			if len(r.Payloads("mbrun-")) != total || len(r.Payloads("mbfence-")) != len(pubs) {
 				return false
 			}
 		}
@@ -100,13 +99,13 @@ func TestMultiBrokerPubSub(t *testing.T) {
 	}, 60*time.Second, 50*time.Millisecond, "not every broker received every message: %v", stringer(func() string {
 		out := ""
 		for name, r := range receivers {
-			out += fmt.Sprintf("%s %d/%d; ", name, len(r.payloads("mbrun-")), total)
+			out += fmt.Sprintf("%s %d/%d; ", name, len(r.Payloads("mbrun-")), total)
 		}
 		return out
 	}))
 	time.Sleep(500 * time.Millisecond) // a copy on a longer path would arrive by now
 	for name, r := range receivers {
-		got := r.payloads("mbrun-")
+		got := r.Payloads("mbrun-")
 		dups := 0
 		for from := range pubs {
 			for i := range n {
@@ -120,9 +119,9 @@ func TestMultiBrokerPubSub(t *testing.T) {
 	}
 	// The origin site travels as before; within the site, each broker has
 	// the other's messages.
-	require.Equal(t, "berlin", bSub.find("mbrun-berlin-a-0").Properties.User.Get(bridge.OriginUserProperty))
-	require.Equal(t, "berlin", a.client.find("mbrun-berlin-b-0").Properties.User.Get(bridge.OriginUserProperty))
-	require.Equal(t, "tunis", bMember.find("mbrun-tunis-0").Properties.User.Get(bridge.OriginUserProperty))
+	require.Equal(t, "berlin", bSub.Find("mbrun-berlin-a-0").Properties.User.Get(bridge.OriginUserProperty))
+	require.Equal(t, "berlin", a.client.Find("mbrun-berlin-b-0").Properties.User.Get(bridge.OriginUserProperty))
+	require.Equal(t, "tunis", bMember.Find("mbrun-tunis-0").Properties.User.Get(bridge.OriginUserProperty))
 	// A's import queue carries A's own publishes (A subscribes to mb/#):
 	// A skipped them, and injected B's.
 	imported := importOutcomes(t, a.broker.Bridge(), "pubsub.mb")
@@ -197,8 +196,8 @@ func TestMultiBrokerSecondBrokerWithSameID(t *testing.T) {
 	}
 	first := start(nil)
 	require.Eventually(t, first.Bridge().Connected, 30*time.Second, 20*time.Millisecond)
-	sub := connectMQTT(t, first.MQTTAddr(), "twin-sub")
-	sub.subscribe(t, "twin/#", 1, false)
+	sub := mqtttest.ConnectRecorder(t, first.MQTTAddr(), "twin-sub")
+	sub.MustSubscribe(t, "twin/#", 1, false)
 	second := start(logs)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "is in use by another connection") }, 30*time.Second, 50*time.Millisecond,
 		"the second broker names the problem; its logs:\n%s", logs)
@@ -207,57 +206,14 @@ func TestMultiBrokerSecondBrokerWithSameID(t *testing.T) {
 
 	// The first broker keeps its queue and its messages.
 	other := startSite(t, "tunis", h.Node("tunis").AMQPURL(), "twin/#")
-	pub := connectMQTT(t, other.MQTTAddr(), "twin-pub")
+	pub := mqtttest.ConnectRecorder(t, other.MQTTAddr(), "twin-pub")
 	i := 0
 	require.Eventually(t, func() bool {
 		i++
-		_ = pub.send(&paho.Publish{Topic: "twin/x", QoS: 1, Payload: []byte("twin-" + strconv.Itoa(i))})
-		return len(sub.payloads("twin-")) > 0
+		_ = pub.Send(&paho.Publish{Topic: "twin/x", QoS: 1, Payload: []byte("twin-" + strconv.Itoa(i))})
+		return len(sub.Payloads("twin-")) > 0
 	}, 30*time.Second, 200*time.Millisecond, "the first broker still imports")
 	require.False(t, second.Bridge().Connected())
-}
-
-// startPromptWorker is startWorker whose PUBACK leaves as soon as the
-// message is processed: paho sends manual acknowledgements every
-// SendAcksInterval (50 ms by default), which would add up to 50 ms to
-// every message and hide the members' speed from the pull loop.
-func startPromptWorker(t *testing.T, addr, id, share, label string, service time.Duration, tl *tally) *worker {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	w := &worker{conn: conn}
-	w.client = paho.NewClient(paho.ClientConfig{
-		ClientID:                   id,
-		Conn:                       conn,
-		EnableManualAcknowledgment: true,
-		SendAcksInterval:           time.Millisecond,
-		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
-			func(pr paho.PublishReceived) (bool, error) {
-				w.busy.Store(true)
-				defer w.busy.Store(false)
-				time.Sleep(service)
-				if w.killed.Load() {
-					return true, nil
-				}
-				seq, _ := strconv.Atoi(string(pr.Packet.Payload))
-				msgID := ""
-				if pr.Packet.Properties != nil {
-					msgID = pr.Packet.Properties.User.Get(bridge.MessageIDUserProperty)
-				}
-				tl.record(label, seq, msgID)
-				_ = w.client.Ack(pr.Packet)
-				return true, nil
-			},
-		},
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = w.client.Connect(ctx, &paho.Connect{ClientID: id, KeepAlive: 30, CleanStart: true})
-	require.NoError(t, err)
-	_, err = w.client.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: share, QoS: 1}}})
-	require.NoError(t, err)
-	t.Cleanup(w.kill)
-	return w
 }
 
 // mbWorkQueue is a work-queue group served by two brokers of one site.
@@ -265,7 +221,7 @@ type mbWorkQueue struct {
 	group, share, topic string
 	brokers             map[string]*broker.Broker // by broker ID
 	workers             map[string]*worker
-	pubs                map[string]*mqttClient
+	pubs                map[string]*mqtttest.Recorder
 	tally               *tally
 	rh                  *rabbithole.Client
 }
@@ -282,7 +238,7 @@ func startMultiBrokerWorkQueue(t *testing.T, h *rabbitharness.Harness, g string,
 	t.Helper()
 	n := h.Node("montreal")
 	w := &mbWorkQueue{group: g, share: "$share/" + g + "/" + g + "jobs/#", topic: g + "jobs/x",
-		brokers: map[string]*broker.Broker{}, workers: map[string]*worker{}, pubs: map[string]*mqttClient{}, tally: newTally()}
+		brokers: map[string]*broker.Broker{}, workers: map[string]*worker{}, pubs: map[string]*mqtttest.Recorder{}, tally: newTally()}
 	for _, id := range []string{"b", "a"} {
 		b, err := broker.New(broker.Config{
 			MQTTListen:        "127.0.0.1:0",
@@ -307,10 +263,14 @@ func startMultiBrokerWorkQueue(t *testing.T, h *rabbitharness.Harness, g string,
 			require.Eventually(t, func() bool { return b.Bridge().RetuneOwner(g) }, 30*time.Second, 10*time.Millisecond, "b never retunes")
 		}
 	}
-	w.workers["a"] = startPromptWorker(t, w.brokers["a"].MQTTAddr(), g+"-a", w.share, "a", serviceA, w.tally)
-	w.workers["b"] = startPromptWorker(t, w.brokers["b"].MQTTAddr(), g+"-b", w.share, "b", serviceB, w.tally)
+	// The workers' PUBACKs leave as soon as each message is processed:
+	// paho sends manual acknowledgements every SendAcksInterval (50 ms by
+	// default), which would add up to 50 ms to every message and hide the
+	// members' speed from the pull loop.
+	w.workers["a"] = startWorker(t, w.brokers["a"].MQTTAddr(), g+"-a", w.share, "a", serviceA, time.Millisecond, w.tally)
+	w.workers["b"] = startWorker(t, w.brokers["b"].MQTTAddr(), g+"-b", w.share, "b", serviceB, time.Millisecond, w.tally)
 	for id, b := range w.brokers {
-		w.pubs[id] = connectMQTT(t, b.MQTTAddr(), g+"-pub-"+id)
+		w.pubs[id] = mqtttest.ConnectRecorder(t, b.MQTTAddr(), g+"-pub-"+id)
 	}
 	var err error
 	w.rh, err = rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
@@ -357,7 +317,7 @@ func (w *mbWorkQueue) publish(t *testing.T, count int) {
 	for first, id := range []string{"a", "b"} {
 		go func() {
 			for i := first; i < count; i += 2 {
-				if err := w.pubs[id].send(&paho.Publish{Topic: w.topic, QoS: 1, Payload: []byte(strconv.Itoa(i))}); err != nil {
+				if err := w.pubs[id].Send(&paho.Publish{Topic: w.topic, QoS: 1, Payload: []byte(strconv.Itoa(i))}); err != nil {
 					errs <- err
 					return
 				}

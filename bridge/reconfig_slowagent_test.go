@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
 
@@ -77,12 +77,12 @@ func TestReconfigSlowAgentLosesNothing(t *testing.T) {
 	sub := subscribeStamped(t, brokers[rcNew].MQTTAddr(), "sub-"+root, root+"/#")
 	sendSync(t, h, exchange, rcOld)
 	waitSync(t, h, exchange, rcOld)
-	pub := connectMQTT(t, brokers[rcPub].MQTTAddr(), "pub-"+root)
+	pub := mqtttest.ConnectRecorder(t, brokers[rcPub].MQTTAddr(), "pub-"+root)
 	probe := 0
 	require.Eventually(t, func() bool {
 		probe++
 		payload := "warm-" + root + "-" + strconv.Itoa(probe)
-		_ = pub.send(&paho.Publish{Topic: root + "/warm", QoS: 1, Payload: []byte(payload)})
+		_ = pub.Send(&paho.Publish{Topic: root + "/warm", QoS: 1, Payload: []byte(payload)})
 		deadline := time.Now().Add(2 * time.Second)
 		for time.Now().Before(deadline) {
 			if len(sub.got(payload)) > 0 {
@@ -93,31 +93,7 @@ func TestReconfigSlowAgentLosesNothing(t *testing.T) {
 		return false
 	}, 45*time.Second, 10*time.Millisecond, "the new sync site's subscriber is reachable through the old sync site")
 
-	var (
-		mu   sync.Mutex
-		sent int
-		stop = make(chan struct{})
-		done = make(chan error, 1)
-	)
-	go func() {
-		tick := time.NewTicker(time.Second / rcRate)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			case <-tick.C:
-			}
-			if err := pub.send(&paho.Publish{Topic: root + "/data/" + strconv.Itoa(i%5), QoS: 1, Payload: []byte(root + "-" + strconv.Itoa(i))}); err != nil {
-				done <- err
-				return
-			}
-			mu.Lock()
-			sent = i + 1
-			mu.Unlock()
-		}
-	}()
+	stream := startSteadyPublisher(pub, root, rcRate)
 	// The old link's queue on the publisher's node fills while the link
 	// runs.
 	rh, err := rabbithole.NewClient(h.Node(rcPub).ManagementURL(), rabbitharness.User, rabbitharness.Password)
@@ -139,11 +115,7 @@ func TestReconfigSlowAgentLosesNothing(t *testing.T) {
 	removedAt := time.Now()
 	waitSync(t, h, exchange, rcNew)
 	time.Sleep(2 * time.Second)
-	close(stop)
-	require.NoError(t, <-done)
-	mu.Lock()
-	total := sent
-	mu.Unlock()
+	total := len(stream.stop(t))
 	missing := func() []int {
 		var m []int
 		for i := 0; i < total; i++ {

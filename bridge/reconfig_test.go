@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
 
@@ -41,11 +41,7 @@ type stampedSubscriber struct {
 func subscribeStamped(t *testing.T, addr, id, filter string) *stampedSubscriber {
 	t.Helper()
 	s := &stampedSubscriber{arrivals: map[string][]time.Time{}}
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	c := paho.NewClient(paho.ClientConfig{
-		ClientID: id,
-		Conn:     conn,
+	mqtttest.Connect(t, addr, id, paho.ClientConfig{
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
 			func(pr paho.PublishReceived) (bool, error) {
 				now := time.Now()
@@ -55,17 +51,7 @@ func subscribeStamped(t *testing.T, addr, id, filter string) *stampedSubscriber 
 				return true, nil
 			},
 		},
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = c.Connect(ctx, &paho.Connect{ClientID: id, KeepAlive: 30, CleanStart: true})
-	require.NoError(t, err)
-	_, err = c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = c.Disconnect(&paho.Disconnect{})
-		_ = conn.Close()
-	})
+	}, paho.SubscribeOptions{Topic: filter, QoS: 1})
 	return s
 }
 
@@ -191,14 +177,14 @@ func runMove(t *testing.T, root string, discard bool) reconfigRun {
 
 	sendSync(t, h, exchange, rcOld)
 	waitSync(t, h, exchange, rcOld)
-	pub := connectMQTT(t, r.brokers[rcPub].MQTTAddr(), "pub-"+root)
+	pub := mqtttest.ConnectRecorder(t, r.brokers[rcPub].MQTTAddr(), "pub-"+root)
 	// Bindings reach rcPub through two links: wait until three probes in
 	// a row reach both subscribers within a second (a steady state).
 	probe, inARow := 0, 0
 	require.Eventually(t, func() bool {
 		probe++
 		payload := "warm-" + root + "-" + strconv.Itoa(probe)
-		_ = pub.send(&paho.Publish{Topic: root + "/warm", QoS: 1, Payload: []byte(payload)})
+		_ = pub.Send(&paho.Publish{Topic: root + "/warm", QoS: 1, Payload: []byte(payload)})
 		deadline := time.Now().Add(time.Second)
 		for time.Now().Before(deadline) {
 			if len(r.subs[rcOld].got(payload)) > 0 && len(r.subs[rcNew].got(payload)) > 0 {
@@ -211,30 +197,7 @@ func runMove(t *testing.T, root string, discard bool) reconfigRun {
 		return false
 	}, 45*time.Second, 10*time.Millisecond, "subscribers of both sync candidates reachable within a second")
 
-	var (
-		mu   sync.Mutex
-		stop = make(chan struct{})
-		done = make(chan error, 1)
-	)
-	go func() {
-		tick := time.NewTicker(time.Second / rcRate)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			case <-tick.C:
-			}
-			mu.Lock()
-			r.publishedAt = append(r.publishedAt, time.Now())
-			mu.Unlock()
-			if err := pub.send(&paho.Publish{Topic: root + "/data/" + strconv.Itoa(i%5), QoS: 1, Payload: []byte(root + "-" + strconv.Itoa(i))}); err != nil {
-				done <- err
-				return
-			}
-		}
-	}()
+	stream := startSteadyPublisher(pub, root, rcRate)
 	time.Sleep(2 * time.Second) // steady state
 	cut.Cut()
 	r.cutAt = time.Now()
@@ -250,12 +213,54 @@ func runMove(t *testing.T, root string, discard bool) reconfigRun {
 	require.NoError(t, cut.Restore())
 	r.healAt = time.Now()
 	time.Sleep(2 * time.Second)
-	close(stop)
-	require.NoError(t, <-done)
-	mu.Lock()
+	r.publishedAt = stream.stop(t)
 	r.sent = len(r.publishedAt)
-	mu.Unlock()
 	return r
+}
+
+// steadyPublisher publishes "<root>-<i>" on "<root>/data/<i mod 5>" at
+// QoS 1 from pub, one message every tick of a ticker, until stopped.
+type steadyPublisher struct {
+	mu          sync.Mutex
+	publishedAt []time.Time // when each publish began
+	halt        chan struct{}
+	done        chan error
+}
+
+// startSteadyPublisher starts publishing rate messages a second from pub.
+func startSteadyPublisher(pub *mqtttest.Recorder, root string, rate int) *steadyPublisher {
+	p := &steadyPublisher{halt: make(chan struct{}), done: make(chan error, 1)}
+	go func() {
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-p.halt:
+				p.done <- nil
+				return
+			case <-tick.C:
+			}
+			p.mu.Lock()
+			p.publishedAt = append(p.publishedAt, time.Now())
+			p.mu.Unlock()
+			if err := pub.Send(&paho.Publish{Topic: root + "/data/" + strconv.Itoa(i%5), QoS: 1, Payload: []byte(root + "-" + strconv.Itoa(i))}); err != nil {
+				p.done <- err
+				return
+			}
+		}
+	}()
+	return p
+}
+
+// stop ends the stream, requires that every message was acknowledged and
+// returns when each publish began: message i's at index i.
+func (p *steadyPublisher) stop(t *testing.T) []time.Time {
+	t.Helper()
+	close(p.halt)
+	require.NoError(t, <-p.done)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.publishedAt
 }
 
 // lost lists the sequence numbers a subscriber never received, and counts

@@ -1,8 +1,6 @@
 package bridge_test
 
 import (
-	"context"
-	"net"
 	"sort"
 	"strings"
 	"testing"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
 
@@ -60,14 +59,36 @@ func removeWorkTopology(ch *amqp.Channel, g string) {
 	}
 }
 
-func amqpChannel(t *testing.T, n *rabbitharness.Node) *amqp.Channel {
+// ringTestNode returns montreal's node, an AMQP channel and a management
+// client to it, with the work-queue topology of groups removed before and
+// after the test.
+func ringTestNode(t *testing.T, groups ...string) (*rabbitharness.Node, *amqp.Channel, *rabbithole.Client) {
 	t.Helper()
+	n := sharedNodes(t).Node("montreal")
 	conn, err := amqp.Dial(n.AMQPURL())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	return ch
+	for _, g := range groups {
+		removeWorkTopology(ch, g)
+		t.Cleanup(func() { removeWorkTopology(ch, g) })
+	}
+	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
+	require.NoError(t, err)
+	return n, ch, rh
+}
+
+// declareAndWaitForPolicy declares wq.<g> and waits for the event agent's
+// last step, the queue's policy.
+func declareAndWaitForPolicy(t *testing.T, ch *amqp.Channel, rh *rabbithole.Client, g string) {
+	t.Helper()
+	_, err := ch.QueueDeclare(bridge.WorkQueueName(g), true, false, false, false, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := rh.GetPolicy("/", bridge.WorkQueuePolicyPrefix+bridge.WorkQueueName(g))
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "event agent did not handle %s", bridge.WorkQueueName(g))
 }
 
 // TestEventAgentLeavesAnOwnersRingAlone: a wq.<g> queue appears whose
@@ -76,49 +97,19 @@ func amqpChannel(t *testing.T, n *rabbitharness.Node) *amqp.Channel {
 // creates the rest of the overflow topology but binds no ring exchange.
 // Before the fix it bound ring0 with weight 1 as well.
 func TestEventAgentLeavesAnOwnersRingAlone(t *testing.T) {
-	h := sharedNodes(t)
-	n := h.Node("montreal")
-	const g = "ringev"
-	ch := amqpChannel(t, n)
-	removeWorkTopology(ch, g)
-	t.Cleanup(func() { removeWorkTopology(ch, g) })
-
-	b, err := broker.New(broker.Config{
-		MQTTListen:        "127.0.0.1:0",
-		Logger:            testLogger(t),
-		AMQPURL:           n.AMQPURL(),
-		AMQPManagementURL: n.ManagementURL(),
-		Site:              "montreal",
-	})
-	require.NoError(t, err)
-	require.NoError(t, b.Start())
-	t.Cleanup(func() { _ = b.Close() })
-	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
-	require.NoError(t, err)
+	const g, fresh = "ringev", "ringevfresh"
+	n, ch, rh := ringTestNode(t, g, fresh)
+	startSiteBroker(t, n, broker.Config{})
 	waitEventAgent(t, rh)
 
 	declareHashRing(t, ch, g, bridge.WorkQueuePrefix+g+".ring1", "7")
-	_, err = ch.QueueDeclare(bridge.WorkQueueName(g), true, false, false, false, nil)
-	require.NoError(t, err)
-	// The agent's last step is the policy.
-	require.Eventually(t, func() bool {
-		_, err := rh.GetPolicy("/", bridge.WorkQueuePolicyPrefix+bridge.WorkQueueName(g))
-		return err == nil
-	}, 10*time.Second, 50*time.Millisecond, "event agent did not handle the queue")
-	_, err = rh.GetExchange("/", bridge.WorkQueuePrefix+g+".ring0")
+	declareAndWaitForPolicy(t, ch, rh, g)
+	_, err := rh.GetExchange("/", bridge.WorkQueuePrefix+g+".ring0")
 	require.NoError(t, err, "ring0 not declared")
 	require.Equal(t, []string{bridge.WorkQueuePrefix + g + ".ring1=7"}, ringBindings(t, rh, g))
 
 	// With no binding yet, the agent joins the intake with weight 1.
-	const fresh = "ringevfresh"
-	removeWorkTopology(ch, fresh)
-	t.Cleanup(func() { removeWorkTopology(ch, fresh) })
-	_, err = ch.QueueDeclare(bridge.WorkQueueName(fresh), true, false, false, false, nil)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		_, err := rh.GetPolicy("/", bridge.WorkQueuePolicyPrefix+bridge.WorkQueueName(fresh))
-		return err == nil
-	}, 10*time.Second, 50*time.Millisecond, "event agent did not handle the second queue")
+	declareAndWaitForPolicy(t, ch, rh, fresh)
 	require.Equal(t, []string{bridge.WorkQueuePrefix + fresh + ".ring0=1"}, ringBindings(t, rh, fresh))
 }
 
@@ -129,32 +120,18 @@ func TestEventAgentLeavesAnOwnersRingAlone(t *testing.T) {
 // member joins, the owner moves its weight to ring1: it ends with ring1's
 // one binding, its own. Before the fix ring1 kept both.
 func TestRetuneRemovesBindingsItDidNotMake(t *testing.T) {
-	h := sharedNodes(t)
-	n := h.Node("montreal")
 	const g = "ringown"
-	ch := amqpChannel(t, n)
-	removeWorkTopology(ch, g)
-	t.Cleanup(func() { removeWorkTopology(ch, g) })
-	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
-	require.NoError(t, err)
+	n, ch, rh := ringTestNode(t, g)
 
 	share := "$share/" + g + "/jobs/" + g + "/#"
-	b, err := broker.New(broker.Config{
-		MQTTListen:        "127.0.0.1:0",
-		Logger:            testLogger(t),
-		AMQPURL:           n.AMQPURL(),
-		AMQPManagementURL: n.ManagementURL(),
-		Site:              "montreal",
-		ExportGroups:      []string{share},
+	b := startSiteBroker(t, n, broker.Config{
+		ExportGroups: []string{share},
 		WorkQueue: bridge.WorkQueueConfig{
 			MaxLengthPerMember: 10,
 			TTLPerMember:       200 * time.Millisecond,
 			RetuneInterval:     50 * time.Millisecond,
 		},
 	})
-	require.NoError(t, err)
-	require.NoError(t, b.Start())
-	t.Cleanup(func() { _ = b.Close() })
 
 	ring0, ring1 := bridge.WorkQueuePrefix+g+".ring0", bridge.WorkQueuePrefix+g+".ring1"
 	require.Eventually(t, func() bool {
@@ -167,16 +144,7 @@ func TestRetuneRemovesBindingsItDidNotMake(t *testing.T) {
 	require.NoError(t, ch.ExchangeBind(ring1, "1", bridge.DeadLetterExchangeName(g), false, nil))
 
 	// A member: maximum length 10, so weight 10, bound through ring1.
-	conn, err := net.Dial("tcp", b.MQTTAddr())
-	require.NoError(t, err)
-	member := paho.NewClient(paho.ClientConfig{ClientID: "ringown-member", Conn: conn})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err = member.Connect(ctx, &paho.Connect{ClientID: "ringown-member", CleanStart: true, KeepAlive: 30})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = member.Disconnect(&paho.Disconnect{}) })
-	_, err = member.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: share, QoS: 1}}})
-	require.NoError(t, err)
+	mqtttest.Connect(t, b.MQTTAddr(), "ringown-member", paho.ClientConfig{}, paho.SubscribeOptions{Topic: share, QoS: 1})
 
 	var last []string
 	require.Eventually(t, func() bool {
@@ -184,6 +152,19 @@ func TestRetuneRemovesBindingsItDidNotMake(t *testing.T) {
 		return len(last) == 1 && strings.HasPrefix(last[0], ring1+"=") && last[0] != ring1+"=1"
 	}, 20*time.Second, 50*time.Millisecond, "want one binding, through ring1, with the member's weight")
 	require.Equal(t, []string{ring1 + "=10"}, last)
+}
+
+// startSiteBroker starts a luffymq broker of n's site on node n with
+// cfg's other settings, stopped when the test ends.
+func startSiteBroker(t *testing.T, n *rabbitharness.Node, cfg broker.Config) *broker.Broker {
+	t.Helper()
+	cfg.MQTTListen, cfg.Logger, cfg.Site = "127.0.0.1:0", testLogger(t), n.Site
+	cfg.AMQPURL, cfg.AMQPManagementURL = n.AMQPURL(), n.ManagementURL()
+	b, err := broker.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, b.Start())
+	t.Cleanup(func() { _ = b.Close() })
+	return b
 }
 
 // waitEventAgent waits until a broker's event agent consumes its

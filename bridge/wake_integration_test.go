@@ -14,6 +14,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/mqtttest"
 )
 
 // TestWorkQueuePullsAsSoonAsMemberFree measures, end to end through
@@ -60,9 +61,9 @@ func TestWorkQueuePullsAsSoonAsMemberFree(t *testing.T) {
 
 	// The whole burst is in wq.<g> before the member joins.
 	const count = 200
-	pub := connectMQTT(t, b.MQTTAddr(), g+"-pub")
+	pub := mqtttest.ConnectRecorder(t, b.MQTTAddr(), g+"-pub")
 	for i := range count {
-		pub.publish(t, &paho.Publish{Topic: g + "jobs/x", QoS: 1, Payload: []byte(strconv.Itoa(i))})
+		pub.MustSend(t, &paho.Publish{Topic: g + "jobs/x", QoS: 1, Payload: []byte(strconv.Itoa(i))})
 	}
 	require.Eventually(t, func() bool {
 		exported, _ := b.Bridge().Counts()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
 
@@ -66,21 +67,20 @@ func (t *tally) counts() (distinct, dups, ids int, bySite map[string]int) {
 // message at a time for a fixed service time and acknowledges (PUBACK) it
 // afterwards.
 type worker struct {
-	client *paho.Client
 	conn   net.Conn
 	killed atomic.Bool
 	busy   atomic.Bool // working on a message it has not acknowledged
 }
 
-func startWorker(t *testing.T, addr, id, share, site string, service time.Duration, tl *tally) *worker {
+// startWorker connects worker id to addr, a member of share that records
+// each message it processed in tl under label. paho sends its manual
+// acknowledgements every acksInterval (0: paho's default, 50 ms).
+func startWorker(t *testing.T, addr, id, share, label string, service, acksInterval time.Duration, tl *tally) *worker {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	w := &worker{conn: conn}
-	w.client = paho.NewClient(paho.ClientConfig{
-		ClientID:                   id,
-		Conn:                       conn,
+	w := &worker{}
+	_, w.conn = mqtttest.Dial(t, addr, id, paho.ClientConfig{
 		EnableManualAcknowledgment: true,
+		SendAcksInterval:           acksInterval,
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
 			func(pr paho.PublishReceived) (bool, error) {
 				w.busy.Store(true)
@@ -94,18 +94,12 @@ func startWorker(t *testing.T, addr, id, share, site string, service time.Durati
 				if pr.Packet.Properties != nil {
 					msgID = pr.Packet.Properties.User.Get(bridge.MessageIDUserProperty)
 				}
-				tl.record(site, seq, msgID)
-				_ = w.client.Ack(pr.Packet)
+				tl.record(label, seq, msgID)
+				_ = pr.Client.Ack(pr.Packet)
 				return true, nil
 			},
 		},
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = w.client.Connect(ctx, &paho.Connect{ClientID: id, KeepAlive: 30, CleanStart: true})
-	require.NoError(t, err)
-	_, err = w.client.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: share, QoS: 1}}})
-	require.NoError(t, err)
+	}, paho.SubscribeOptions{Topic: share, QoS: 1})
 	t.Cleanup(w.kill)
 	return w
 }
@@ -180,7 +174,7 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 	ws := map[string][]*worker{}
 	for site, services := range s.workers {
 		for i, svc := range services {
-			ws[site] = append(ws[site], startWorker(t, brokers[site].MQTTAddr(), fmt.Sprintf("%s-%s-%d", s.group, site, i), share, site, svc, tl))
+			ws[site] = append(ws[site], startWorker(t, brokers[site].MQTTAddr(), fmt.Sprintf("%s-%s-%d", s.group, site, i), share, site, svc, 0, tl))
 		}
 	}
 	// Ready when every site retuned with its members online and each
@@ -198,13 +192,13 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 		return true
 	}, 30*time.Second, 100*time.Millisecond, "work queue %s not ready", s.group)
 
-	pub := connectMQTT(t, brokers["berlin"].MQTTAddr(), "pub-"+s.group)
+	pub := mqtttest.ConnectRecorder(t, brokers["berlin"].MQTTAddr(), "pub-"+s.group)
 	tick := time.NewTicker(time.Second / time.Duration(s.rate))
 	defer tick.Stop()
 	duringDone := s.during == nil
 	for i := 0; i < s.messages; i++ {
 		<-tick.C
-		pub.publish(t, &paho.Publish{Topic: "jobs/" + s.group + "/" + strconv.Itoa(i%7), QoS: 1, Payload: []byte(strconv.Itoa(i))})
+		pub.MustSend(t, &paho.Publish{Topic: "jobs/" + s.group + "/" + strconv.Itoa(i%7), QoS: 1, Payload: []byte(strconv.Itoa(i))})
 		if !duringDone {
 			if d, _, _, _ := tl.counts(); d >= s.messages/4 {
 				s.during(t, ws)
@@ -386,31 +380,10 @@ func TestWorkQueues(t *testing.T) {
 func TestEventAgent(t *testing.T) {
 	h := sharedNodes(t)
 	n := h.Node("montreal")
-	b, err := broker.New(broker.Config{
-		MQTTListen:        "127.0.0.1:0",
-		Logger:            testLogger(t),
-		AMQPURL:           n.AMQPURL(),
-		AMQPManagementURL: n.ManagementURL(),
-		Site:              "montreal",
-	})
-	require.NoError(t, err)
-	require.NoError(t, b.Start())
-	t.Cleanup(func() { _ = b.Close() })
+	startSiteBroker(t, n, broker.Config{})
 	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
 	require.NoError(t, err)
-	// The agent's event queue is bound once its consumer exists.
-	require.Eventually(t, func() bool {
-		cs, err := rh.ListConsumersIn("/")
-		if err != nil {
-			return false
-		}
-		for _, c := range cs {
-			if strings.HasPrefix(c.Queue.Name, "amq.gen-") {
-				return true
-			}
-		}
-		return false
-	}, 30*time.Second, 50*time.Millisecond, "event agent not consuming")
+	waitEventAgent(t, rh)
 
 	conn, err := amqp.Dial(n.AMQPURL())
 	require.NoError(t, err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/bridge/placement"
 	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 	"github.com/luffymq/luffymq/internal/testenv"
 )
@@ -59,12 +59,12 @@ func TestControllerEndToEnd(t *testing.T) {
 	for _, name := range names {
 		require.Eventually(t, brokers[name].Bridge().Connected, 30*time.Second, 20*time.Millisecond, "%s bridge", name)
 	}
-	subBerlin := connectMQTT(t, brokers["berlin"].MQTTAddr(), "sub-berlin")
-	subBerlin.subscribe(t, "e2e/#")
-	subTokyo := connectMQTT(t, brokers["tokyo"].MQTTAddr(), "sub-tokyo")
-	subTokyo.subscribe(t, "e2e/#")
-	member := connectMQTT(t, brokers["tokyo"].MQTTAddr(), "member-tokyo")
-	member.subscribe(t, "$share/g/jobs/#")
+	subBerlin := mqtttest.ConnectRecorder(t, brokers["berlin"].MQTTAddr(), "sub-berlin")
+	subBerlin.MustSubscribe(t, "e2e/#", 1, false)
+	subTokyo := mqtttest.ConnectRecorder(t, brokers["tokyo"].MQTTAddr(), "sub-tokyo")
+	subTokyo.MustSubscribe(t, "e2e/#", 1, false)
+	member := mqtttest.ConnectRecorder(t, brokers["tokyo"].MQTTAddr(), "member-tokyo")
+	member.MustSubscribe(t, "$share/g/jobs/#", 1, false)
 
 	var ts []testSite
 	for _, name := range names {
@@ -102,16 +102,16 @@ func TestControllerEndToEnd(t *testing.T) {
 	waitApplied(t, c, res.Configs)
 
 	// Traffic at both ends, delivered through Berlin for now.
-	pubBerlin := connectMQTT(t, brokers["berlin"].MQTTAddr(), "pub-berlin")
-	pubTokyo := connectMQTT(t, brokers["tokyo"].MQTTAddr(), "pub-tokyo")
+	pubBerlin := mqtttest.ConnectRecorder(t, brokers["berlin"].MQTTAddr(), "pub-berlin")
+	pubTokyo := mqtttest.ConnectRecorder(t, brokers["tokyo"].MQTTAddr(), "pub-tokyo")
 	probe(t, pubBerlin, subTokyo, "warm-berlin-")
 	probe(t, pubTokyo, subBerlin, "warm-tokyo-")
 	for i := range 20 {
-		pubBerlin.publish(t, &paho.Publish{Topic: "e2e/x", QoS: 1, Payload: []byte(fmt.Sprintf("load-berlin-%d", i))})
-		pubTokyo.publish(t, &paho.Publish{Topic: "e2e/x", QoS: 1, Payload: []byte(fmt.Sprintf("load-tokyo-%d", i))})
+		pubBerlin.MustSend(t, &paho.Publish{Topic: "e2e/x", QoS: 1, Payload: []byte(fmt.Sprintf("load-berlin-%d", i))})
+		pubTokyo.MustSend(t, &paho.Publish{Topic: "e2e/x", QoS: 1, Payload: []byte(fmt.Sprintf("load-tokyo-%d", i))})
 	}
 	require.Eventually(t, func() bool {
-		return len(subTokyo.payloads("load-")) == 40 && len(subBerlin.payloads("load-")) == 40
+		return len(subTokyo.Payloads("load-")) == 40 && len(subBerlin.Payloads("load-")) == 40
 	}, 30*time.Second, 20*time.Millisecond)
 	for _, name := range []string{"berlin", "tokyo"} {
 		require.Eventually(t, func() bool {
@@ -136,9 +136,9 @@ func TestControllerEndToEnd(t *testing.T) {
 	// from Tunis only, and Tunis's federation queues deliver it.
 	before := federationDeliveries(t, h.Node("tunis"), vhost, "pubsub.e2e")
 	probe(t, pubBerlin, subTokyo, "via-tunis-")
-	pubBerlin.publish(t, &paho.Publish{Topic: "e2e/final", QoS: 1, Payload: []byte("final-berlin")})
-	require.Eventually(t, func() bool { return subTokyo.find("final-berlin") != nil }, 20*time.Second, 20*time.Millisecond)
-	got := subTokyo.find("final-berlin")
+	pubBerlin.MustSend(t, &paho.Publish{Topic: "e2e/final", QoS: 1, Payload: []byte("final-berlin")})
+	require.Eventually(t, func() bool { return subTokyo.Find("final-berlin") != nil }, 20*time.Second, 20*time.Millisecond)
+	got := subTokyo.Find("final-berlin")
 	require.Equal(t, "berlin", got.Properties.User.Get(bridge.OriginUserProperty))
 	require.Eventually(t, func() bool {
 		return federationDeliveries(t, h.Node("tunis"), vhost, "pubsub.e2e") > before
@@ -224,15 +224,15 @@ func federationDeliveries(t *testing.T, n *rabbitharness.Node, vhost, x string) 
 
 // probe publishes numbered messages at pub until sub receives one: the
 // bindings have propagated along the federation links.
-func probe(t *testing.T, pub, sub *mqttClient, prefix string) {
+func probe(t *testing.T, pub, sub *mqtttest.Recorder, prefix string) {
 	t.Helper()
 	i := 0
 	require.Eventually(t, func() bool {
 		i++
-		if pub.send(&paho.Publish{Topic: "e2e/probe", QoS: 1, Payload: []byte(fmt.Sprintf("%s%d", prefix, i))}) != nil {
+		if pub.Send(&paho.Publish{Topic: "e2e/probe", QoS: 1, Payload: []byte(fmt.Sprintf("%s%d", prefix, i))}) != nil {
 			return false
 		}
-		return len(sub.payloads(prefix)) > 0
+		return len(sub.Payloads(prefix)) > 0
 	}, 30*time.Second, 200*time.Millisecond, "probes %s* do not arrive", prefix)
 }
 
@@ -253,84 +253,4 @@ func brokerLogger(t *testing.T, site string) *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("test", t.Name(), "site", site)
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-// mqttClient is a paho.golang client that records what it receives.
-type mqttClient struct {
-	*paho.Client
-	mu       sync.Mutex
-	received []*paho.Publish
-}
-
-func connectMQTT(t *testing.T, addr, clientID string) *mqttClient {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	c := &mqttClient{}
-	c.Client = paho.NewClient(paho.ClientConfig{
-		ClientID: clientID,
-		Conn:     conn,
-		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
-			func(pr paho.PublishReceived) (bool, error) {
-				c.mu.Lock()
-				c.received = append(c.received, pr.Packet)
-				c.mu.Unlock()
-				return true, nil
-			},
-		},
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = c.Connect(ctx, &paho.Connect{ClientID: clientID, KeepAlive: 30, CleanStart: true})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = c.Disconnect(&paho.Disconnect{})
-		_ = conn.Close()
-	})
-	return c
-}
-
-func (c *mqttClient) subscribe(t *testing.T, filter string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}})
-	require.NoError(t, err)
-}
-
-func (c *mqttClient) publish(t *testing.T, p *paho.Publish) {
-	t.Helper()
-	require.NoError(t, c.send(p))
-}
-
-func (c *mqttClient) send(p *paho.Publish) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err := c.Publish(ctx, p)
-	return err
-}
-
-// payloads returns how often each payload with prefix was received.
-func (c *mqttClient) payloads(prefix string) map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := map[string]int{}
-	for _, p := range c.received {
-		if s := string(p.Payload); strings.HasPrefix(s, prefix) {
-			out[s]++
-		}
-	}
-	return out
-}
-
-// find returns the first received message with payload, or nil.
-func (c *mqttClient) find(payload string) *paho.Publish {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, p := range c.received {
-		if string(p.Payload) == payload {
-			return p
-		}
-	}
-	return nil
 }
