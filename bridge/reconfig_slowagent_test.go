@@ -110,9 +110,19 @@ func TestReconfigSlowAgentLosesNothing(t *testing.T) {
 	}, 20*time.Second, 100*time.Millisecond, "queue %q on %s holds a backlog while its link runs", linkQueue, rcPub)
 	moveAt := time.Now()
 	sendSync(t, h, exchange, rcNew)
-	require.Eventually(t, func() bool { return brokers[rcOld].Bridge().ReconfigStats().LinksRemoved >= 1 },
-		90*time.Second, 50*time.Millisecond, "%s removes its link from %s", rcOld, rcPub)
+	// Meanwhile the old link stays, and the metrics say so.
+	var waited int64
+	require.Eventually(t, func() bool {
+		r := brokers[rcOld].Bridge().ReconfigStats()
+		waited = max(waited, r.OldLinksWaiting)
+		return r.LinksRemoved >= 1
+	}, 90*time.Second, 50*time.Millisecond, "%s removes its link from %s", rcOld, rcPub)
 	removedAt := time.Now()
+	oldStats := brokers[rcOld].Bridge().ReconfigStats()
+	require.EqualValues(t, 1, waited, "%s reported the old link waiting for its upstream", rcOld)
+	require.NotZero(t, oldStats.ConfigFailures, "%s counted the attempts that kept the old link", rcOld)
+	require.Zero(t, oldStats.OldLinksWaiting, "no old link waits once it is removed")
+	require.Zero(t, oldStats.ConfigRetrying, "the configuration applied: nothing to retry")
 	waitSync(t, h, exchange, rcNew)
 	time.Sleep(2 * time.Second)
 	total := len(stream.stop(t))
