@@ -38,7 +38,8 @@ type FederationConfig struct {
 	ManagementURL string
 	// Username and Password log in to the management API.
 	Username, Password string
-	// Vhost is the virtual host ("/").
+	// Vhost is the virtual host ("/"; a bridge's work-queue federation
+	// takes the one of its AMQP URL).
 	Vhost string
 	// Upstreams are the sites this site federates from; an empty list
 	// removes the federation.

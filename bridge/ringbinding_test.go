@@ -154,12 +154,16 @@ func TestRetuneRemovesBindingsItDidNotMake(t *testing.T) {
 	require.Equal(t, []string{ring1 + "=10"}, last)
 }
 
-// startSiteBroker starts a luffymq broker of n's site on node n with
-// cfg's other settings, stopped when the test ends.
+// startSiteBroker starts a luffymq broker of n's site on node n (its
+// virtual host "/" unless cfg.AMQPURL says otherwise) with cfg's other
+// settings, stopped when the test ends.
 func startSiteBroker(t *testing.T, n *rabbitharness.Node, cfg broker.Config) *broker.Broker {
 	t.Helper()
 	cfg.MQTTListen, cfg.Logger, cfg.Site = "127.0.0.1:0", testLogger(t), n.Site
-	cfg.AMQPURL, cfg.AMQPManagementURL = n.AMQPURL(), n.ManagementURL()
+	if cfg.AMQPURL == "" {
+		cfg.AMQPURL = n.AMQPURL()
+	}
+	cfg.AMQPManagementURL = n.ManagementURL()
 	b, err := broker.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, b.Start())

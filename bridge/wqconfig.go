@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/luffymq/luffymq/scoring"
 )
 
@@ -113,6 +115,13 @@ func (c WorkQueueConfig) withDefaults(amqpURL string, groups bool) (WorkQueueCon
 		u, err := url.Parse(c.ManagementURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return c, fmt.Errorf("%w: amqp-management-url %q: want http://host:15672", ErrInvalidConfig, redact(c.ManagementURL))
+		}
+	}
+	if c.Federation.Vhost == "" {
+		// The management API calls (policies, bindings, federation
+		// upstreams) must name the virtual host the AMQP connection uses.
+		if uri, err := amqp.ParseURI(amqpURL); err == nil {
+			c.Federation.Vhost = uri.Vhost
 		}
 	}
 	if c.Username == "" {
