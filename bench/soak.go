@@ -58,7 +58,18 @@ type SoakConfig struct {
 	// StabilityWindow is the length of the first and last windows whose
 	// RSS and goroutine medians are compared (0: min(5 min, Duration/3)).
 	StabilityWindow time.Duration
-	LuffyMQ         string
+	// Warmup is the start of the publishing phase left out of the
+	// comparison: the first window begins after it (negative: none; 0:
+	// min(5 min, Duration/6)). The broker's heap grows to its working
+	// size there (the GC target, Mochi's per-client buffers).
+	Warmup time.Duration
+	// LiveHeapEvery is how often the broker's live heap is measured: its
+	// heap allocated right after a forced garbage collection, read from
+	// /debug/pprof/heap?gc=1 (the broker runs with --pprof); 0 disables.
+	// Unlike RSS it does not depend on when the GC last ran, so it shows
+	// a leak directly.
+	LiveHeapEvery time.Duration
+	LuffyMQ       string
 	// BrokerArgs are extra flags for luffymq.
 	BrokerArgs []string
 	Out        string
@@ -72,7 +83,7 @@ func DefaultSoakConfig() SoakConfig {
 	return SoakConfig{
 		Connections: 2000, Groups: 20, Publishers: 20, Rate: 500, QoS1Percent: 50,
 		Duration: 30 * time.Minute, ChurnEvery: time.Second, RejoinAfter: 10 * time.Second, ProcessTime: 100 * time.Millisecond,
-		SampleEvery: 5 * time.Second, Grace: 30 * time.Second, OverdueAfter: 10 * time.Second,
+		SampleEvery: 5 * time.Second, Grace: 30 * time.Second, OverdueAfter: 10 * time.Second, LiveHeapEvery: time.Minute,
 		Out: filepath.Join("bench", "results", "soak"), Seed: 1,
 	}
 }
@@ -103,8 +114,29 @@ func (c SoakConfig) validate() error {
 		return errors.New("--grace must not be negative and --overdue-after must be positive")
 	case c.Out == "":
 		return errors.New("--out DIR is required")
+	case c.LiveHeapEvery < 0:
+		return errors.New("--live-heap-every must not be negative")
+	case c.warmup()+2*c.stabilityWindow() > c.Duration:
+		return fmt.Errorf("--warmup %s and two --stability-window %s do not fit in --duration %s", c.warmup(), c.stabilityWindow(), c.Duration)
 	}
 	return nil
+}
+
+func (c SoakConfig) stabilityWindow() time.Duration {
+	if c.StabilityWindow > 0 {
+		return c.StabilityWindow
+	}
+	return min(5*time.Minute, c.Duration/3)
+}
+
+func (c SoakConfig) warmup() time.Duration {
+	switch {
+	case c.Warmup < 0:
+		return 0
+	case c.Warmup > 0:
+		return c.Warmup
+	}
+	return min(5*time.Minute, c.Duration/6)
 }
 
 // SoakMain runs `luffy-bench soak` with args (after the subcommand) and
@@ -148,7 +180,9 @@ func parseSoakFlags(args []string, stderr io.Writer) (SoakConfig, error) {
 	fs.DurationVar(&cfg.SampleEvery, "sample-every", cfg.SampleEvery, "time between samples of the time series")
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after publishing ends, longest wait for acknowledged QoS 1 messages not yet received")
 	fs.DurationVar(&cfg.OverdueAfter, "overdue-after", cfg.OverdueAfter, "in the time series, an acknowledged QoS 1 message unreceived this long counts as lost so far")
-	fs.DurationVar(&cfg.StabilityWindow, "stability-window", 0, "length of the first and last windows whose RSS and goroutine medians are compared (default min(5m, duration/3))")
+	fs.DurationVar(&cfg.StabilityWindow, "stability-window", 0, "length of the first and last windows whose RSS, live heap and goroutine medians are compared (default min(5m, duration/3))")
+	fs.DurationVar(&cfg.Warmup, "warmup", 0, "start of the publishing phase left out of that comparison: the first window begins after it (default min(5m, duration/6); negative: none)")
+	fs.DurationVar(&cfg.LiveHeapEvery, "live-heap-every", cfg.LiveHeapEvery, "how often to measure the broker's live heap after a forced GC (/debug/pprof/heap?gc=1; adds --pprof to the broker; 0 disables)")
 	fs.StringVar(&cfg.LuffyMQ, "luffymq", "", "luffymq binary (default: build ./cmd/luffymq of the current module)")
 	var brokerArgs stringList
 	fs.Var(&brokerArgs, "broker-arg", "extra flag for luffymq, repeatable (e.g. --broker-arg=--write-timeout=10s)")

@@ -19,6 +19,10 @@ import (
 const (
 	soakRSSGrowthLimit       = 1.20
 	soakGoroutineGrowthLimit = 1.10
+	// soakLiveHeapGrowthLimit bounds the live heap (after a forced GC),
+	// which, unlike RSS, does not swing with the GC's cycle: a leak shows
+	// there first.
+	soakLiveHeapGrowthLimit = 1.10
 )
 
 // soakPlots are the PNGs a soak run writes, with their captions.
@@ -37,6 +41,10 @@ func soakNotes(cfg SoakConfig, res *SoakResults) []string {
 		"Every message carries a sequence ID and its send time; the load generator counts receipts per ID. Lost (QoS 1) = acknowledged by the broker (PUBACK) and received by no member by the end of the grace period; duplicated = receipts beyond the first. Lost so far (time series) = acknowledged at least --overdue-after ago and not yet received. A member that crashes or leaves with unacknowledged messages causes duplicates when the broker re-dispatches them: that is at-least-once, not loss.",
 		"Latency = receipt time − send time of the first receipt of each message (both clocks are this machine's).",
 		"Broker RSS is VmRSS of /proc/<pid>/status; Go heap: go_memstats_heap_inuse_bytes and go_memstats_heap_objects of /metrics; goroutines: " + res.GoroutineSource + "; threads: Threads of /proc/<pid>/status; CPU: utime+stime of /proc/<pid>/stat.",
+		fmt.Sprintf("Flatness compares medians of the first %s after a %s warm-up (the heap grows to its working size: Mochi's per-client buffers, the GC target) with the last %s of publishing.", fmtWindow(res.Stability.WindowS), fmtWindow(res.Stability.WarmupS), fmtWindow(res.Stability.WindowS)),
+	}
+	if cfg.LiveHeapEvery > 0 {
+		notes = append(notes, fmt.Sprintf("Live heap: every %s the load generator asks the broker for /debug/pprof/heap?gc=1&debug=1 (the broker runs with --pprof), which runs a garbage collection and then reports HeapAlloc: the memory still referenced. RSS also holds garbage not yet collected (the broker's GC target, --gc-percent, lets the heap grow to 3× the live heap by default) and freed memory not yet returned to the OS, so it swings with the GC's cycle; a leak shows in the live heap.", cfg.LiveHeapEvery))
 	}
 	if cfg.ChurnEvery > 0 {
 		notes = append(notes, fmt.Sprintf("Churn: every %s one member leaves (MQTT DISCONNECT) or, alternately, crashes (TCP closed without DISCONNECT); each joins again %s later with the same client ID and a clean start. The member is drawn at random, preferring (up to 20 draws) one that holds unacknowledged QoS 1 messages, so churn exercises the broker's re-dispatch. A member whose connection ends otherwise also joins again.", cfg.ChurnEvery, cfg.RejoinAfter))
@@ -72,9 +80,12 @@ func soakGoals(res *SoakResults) []goal {
 		}
 		r := last / first
 		return goal{Text: text, Status: metIf(r <= limit),
-			Detail: fmt.Sprintf("median %s%s in the first %s, %s in the last %s (×%.2f; limit ×%.2f)", trimNum(first), unit, fmtWindow(st.WindowS), trimNum(last), fmtWindow(st.WindowS), r, limit)}
+			Detail: fmt.Sprintf("median %s%s in the first %s after the %s warm-up, %s in the last %s (×%.2f; limit ×%.2f)", trimNum(first), unit, fmtWindow(st.WindowS), fmtWindow(st.WarmupS), trimNum(last), fmtWindow(st.WindowS), r, limit)}
 	}
 	gs = append(gs, flat("broker RSS flat after warm-up", " MB", st.RSSFirstMedianMB, st.RSSLastMedianMB, soakRSSGrowthLimit))
+	if res.Config.LiveHeapEveryS > 0 {
+		gs = append(gs, flat("broker live heap (after a forced GC) flat after warm-up", " MB", st.LiveHeapFirstMB, st.LiveHeapLastMB, soakLiveHeapGrowthLimit))
+	}
 	gs = append(gs, flat("broker goroutines flat after warm-up", "", st.GoroutinesFirst, st.GoroutinesLast, soakGoroutineGrowthLimit))
 	return gs
 }
@@ -126,8 +137,11 @@ func soakMarkdown(res *SoakResults) string {
 				m[`luffymq_slow_clients_disconnected_total{reason="outbox_full"}`]+m[`luffymq_slow_clients_disconnected_total{reason="write_timeout"}`])
 		}
 	}
-	fmt.Fprintf(&b, "## Resources (broker)\n\n| | first %s (median) | last %s (median) | slope after the first window, per 10 min |\n|---|---|---|---|\n", fmtWindow(st.WindowS), fmtWindow(st.WindowS))
+	fmt.Fprintf(&b, "## Resources (broker)\n\n| | first %s after the %s warm-up (median) | last %s (median) | slope after the warm-up, per 10 min |\n|---|---|---|---|\n", fmtWindow(st.WindowS), fmtWindow(st.WarmupS), fmtWindow(st.WindowS))
 	fmt.Fprintf(&b, "| RSS (MB) | %s | %s | %s |\n", numOrDash(st.RSSFirstMedianMB), numOrDash(st.RSSLastMedianMB), signedOrDash(st.RSSSlopeMBPer10Min))
+	if st.LiveHeapFirstMB >= 0 || st.LiveHeapLastMB >= 0 {
+		fmt.Fprintf(&b, "| live heap after a forced GC (MB) | %s | %s | |\n", numOrDash(negativeAsNaN(st.LiveHeapFirstMB)), numOrDash(negativeAsNaN(st.LiveHeapLastMB)))
+	}
 	fmt.Fprintf(&b, "| Go heap in use (MB) | %s | %s | |\n", numOrDash(st.HeapFirstMedianMB), numOrDash(st.HeapLastMedianMB))
 	fmt.Fprintf(&b, "| Go heap objects | %s | %s | |\n", numOrDash(st.HeapObjectsFirst), numOrDash(st.HeapObjectsLast))
 	fmt.Fprintf(&b, "| goroutines | %s | %s | %s |\n", numOrDash(st.GoroutinesFirst), numOrDash(st.GoroutinesLast), signedOrDash(st.GoroutineSlope))
@@ -271,11 +285,12 @@ func plotSoak(dir string, res *SoakResults) error {
 			{"QoS 0 duplicated", func(s SoakSample) float64 { return float64(s.DuplicatedQoS0) }, palette[5]},
 			{"QoS 0 missing", func(s SoakSample) float64 { return float64(s.MissingQoS0) }, palette[4]},
 		}, nil},
-		{"soak-rss.png", fmt.Sprintf("Broker RSS (dashed: medians of the first and last %s)", fmtWindow(st.WindowS)), "MB", []soakSeries{
+		{"soak-rss.png", fmt.Sprintf("Broker RSS (dashed: medians of the first %s after the warm-up and the last)", fmtWindow(st.WindowS)), "MB", []soakSeries{
 			{"broker VmRSS", func(s SoakSample) float64 { return s.BrokerRSSMB }, palette[0]},
 			{"broker Go heap in use", func(s SoakSample) float64 { return s.BrokerHeapMB }, palette[2]},
+			{"broker live heap (after a forced GC)", func(s SoakSample) float64 { return s.BrokerLiveHeapMB }, palette[1]},
 		}, []float64{st.RSSFirstMedianMB, st.RSSLastMedianMB}},
-		{"soak-goroutines.png", fmt.Sprintf("Broker goroutines and threads (dashed: goroutine medians of the first and last %s)", fmtWindow(st.WindowS)), "count", []soakSeries{
+		{"soak-goroutines.png", fmt.Sprintf("Broker goroutines and threads (dashed: goroutine medians of the first %s after the warm-up and the last)", fmtWindow(st.WindowS)), "count", []soakSeries{
 			{"goroutines", func(s SoakSample) float64 { return s.BrokerGoroutine }, palette[0]},
 			{"OS threads", func(s SoakSample) float64 { return float64(s.BrokerThreads) }, palette[2]},
 			{"members online", func(s SoakSample) float64 { return float64(s.MembersOnline) }, palette[6]},
@@ -337,4 +352,12 @@ func plotSoak(dir string, res *SoakResults) error {
 		}
 	}
 	return nil
+}
+
+// negativeAsNaN turns a "not measured" -1 into NaN (shown as a dash).
+func negativeAsNaN(v float64) float64 {
+	if v < 0 {
+		return math.NaN()
+	}
+	return v
 }

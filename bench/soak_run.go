@@ -47,8 +47,11 @@ type SoakSample struct {
 	// /metrics lacks it); BrokerHeapObjects its go_memstats_heap_objects.
 	BrokerHeapMB      float64 `json:"broker_heap_inuse_mb"`
 	BrokerHeapObjects float64 `json:"broker_heap_objects"`
-	BrokerThreads     int     `json:"broker_threads"`
-	BrokerGoroutine   float64 `json:"broker_goroutines"`
+	// BrokerLiveHeapMB is the broker's heap allocated right after a
+	// forced GC (SoakConfig.LiveHeapEvery); -1 in samples without it.
+	BrokerLiveHeapMB float64 `json:"broker_live_heap_mb"`
+	BrokerThreads    int     `json:"broker_threads"`
+	BrokerGoroutine  float64 `json:"broker_goroutines"`
 	// BrokerCPUPercent is the broker's CPU time over the window, in % of
 	// one core.
 	BrokerCPUPercent  float64 `json:"broker_cpu_percent"`
@@ -63,7 +66,14 @@ type SoakSample struct {
 // SoakStability compares the broker's RSS and goroutines between the
 // first and the last window of the publishing phase.
 type SoakStability struct {
-	WindowS            float64 `json:"window_s"`
+	WindowS float64 `json:"window_s"`
+	// WarmupS is the start of the publishing phase left out: the first
+	// window begins after it.
+	WarmupS float64 `json:"warmup_s"`
+	// LiveHeapFirstMB and LiveHeapLastMB are the live heap medians of the
+	// windows (-1: not measured).
+	LiveHeapFirstMB    float64 `json:"live_heap_first_median_mb"`
+	LiveHeapLastMB     float64 `json:"live_heap_last_median_mb"`
 	RSSFirstMedianMB   float64 `json:"rss_first_median_mb"`
 	RSSLastMedianMB    float64 `json:"rss_last_median_mb"`
 	HeapFirstMedianMB  float64 `json:"heap_inuse_first_median_mb"`
@@ -74,8 +84,8 @@ type SoakStability struct {
 	GoroutinesLast     float64 `json:"goroutines_last_median"`
 	ThreadsFirst       float64 `json:"threads_first_median"`
 	ThreadsLast        float64 `json:"threads_last_median"`
-	RSSSlopeMBPer10Min float64 `json:"rss_slope_mb_per_10min_after_first_window"`
-	GoroutineSlope     float64 `json:"goroutine_slope_per_10min_after_first_window"`
+	RSSSlopeMBPer10Min float64 `json:"rss_slope_mb_per_10min_after_warmup"`
+	GoroutineSlope     float64 `json:"goroutine_slope_per_10min_after_warmup"`
 }
 
 // SoakTotals are the whole run's counts.
@@ -113,21 +123,23 @@ type SoakResults struct {
 	Generated time.Time   `json:"generated"`
 	Machine   MachineInfo `json:"machine"`
 	Config    struct {
-		Connections   int      `json:"connections"`
-		Members       int      `json:"members"`
-		Groups        int      `json:"groups"`
-		Publishers    int      `json:"publishers"`
-		Rate          float64  `json:"rate_msgs_per_s"`
-		QoS1Percent   int      `json:"qos1_percent"`
-		DurationS     float64  `json:"duration_s"`
-		ChurnEveryS   float64  `json:"churn_every_s"`
-		RejoinAfterS  float64  `json:"rejoin_after_s"`
-		SampleEveryS  float64  `json:"sample_every_s"`
-		ProcessTimeS  float64  `json:"process_time_s"`
-		GraceS        float64  `json:"grace_s"`
-		OverdueAfterS float64  `json:"overdue_after_s"`
-		BrokerArgs    []string `json:"broker_args"`
-		Seed          uint64   `json:"seed"`
+		Connections   int     `json:"connections"`
+		Members       int     `json:"members"`
+		Groups        int     `json:"groups"`
+		Publishers    int     `json:"publishers"`
+		Rate          float64 `json:"rate_msgs_per_s"`
+		QoS1Percent   int     `json:"qos1_percent"`
+		DurationS     float64 `json:"duration_s"`
+		ChurnEveryS   float64 `json:"churn_every_s"`
+		RejoinAfterS  float64 `json:"rejoin_after_s"`
+		SampleEveryS  float64 `json:"sample_every_s"`
+		ProcessTimeS  float64 `json:"process_time_s"`
+		GraceS        float64 `json:"grace_s"`
+		OverdueAfterS float64 `json:"overdue_after_s"`
+		// LiveHeapEveryS is SoakConfig.LiveHeapEvery (0: not measured).
+		LiveHeapEveryS float64  `json:"live_heap_every_s"`
+		BrokerArgs     []string `json:"broker_args"`
+		Seed           uint64   `json:"seed"`
 	} `json:"config"`
 	// FDLimit is the open-file limit of the load generator (inherited by the
 	// broker) and whether the run raised it.
@@ -177,13 +189,17 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakResults, error) {
 		return nil, err
 	}
 	br, err := startProcess(ctx, bin, filepath.Join(cfg.Out, "broker.log"), func(addr string) ([]string, error) {
-		return append([]string{"--listen", addr, "--http", httpAddr, "--log-level", "warn"}, cfg.BrokerArgs...), nil
+		args := []string{"--listen", addr, "--http", httpAddr, "--log-level", "warn"}
+		if cfg.LiveHeapEvery > 0 {
+			args = append(args, "--pprof")
+		}
+		return append(args, cfg.BrokerArgs...), nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	defer br.Close()
-	probe := newSoakProbe(br.cmd.Process.Pid, "http://"+httpAddr+"/metrics")
+	probe := newSoakProbe(br.cmd.Process.Pid, "http://"+httpAddr)
 	if err := probe.waitMetrics(ctx); err != nil {
 		return nil, err
 	}
@@ -276,7 +292,7 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakResults, error) {
 	if t.PublishSeconds > 0 {
 		t.MeanReceivedPer = float64(t.ReceivedQoS1+t.ReceivedQoS0) / t.PublishSeconds
 	}
-	res.Stability = soakStability(res.Samples, cfg.stabilityWindow(), t.PublishSeconds)
+	res.Stability = soakStability(res.Samples, cfg.warmup(), cfg.stabilityWindow(), t.PublishSeconds)
 	res.Notes = soakNotes(cfg, res)
 	res.Generated = time.Now().UTC()
 
@@ -298,13 +314,6 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakResults, error) {
 	return res, nil
 }
 
-func (c SoakConfig) stabilityWindow() time.Duration {
-	if c.StabilityWindow > 0 {
-		return c.StabilityWindow
-	}
-	return min(5*time.Minute, c.Duration/3)
-}
-
 func fillSoakConfig(res *SoakResults, cfg SoakConfig) {
 	c := &res.Config
 	c.Connections, c.Members, c.Groups, c.Publishers = cfg.Connections, cfg.members(), cfg.Groups, cfg.Publishers
@@ -312,6 +321,7 @@ func fillSoakConfig(res *SoakResults, cfg SoakConfig) {
 	c.ChurnEveryS, c.RejoinAfterS, c.SampleEveryS = cfg.ChurnEvery.Seconds(), cfg.RejoinAfter.Seconds(), cfg.SampleEvery.Seconds()
 	c.ProcessTimeS = cfg.ProcessTime.Seconds()
 	c.GraceS, c.OverdueAfterS, c.Seed = cfg.Grace.Seconds(), cfg.OverdueAfter.Seconds(), cfg.Seed
+	c.LiveHeapEveryS = cfg.LiveHeapEvery.Seconds()
 	c.BrokerArgs = append([]string{}, cfg.BrokerArgs...)
 }
 
@@ -340,13 +350,52 @@ func ensureFDLimit(need uint64) (soft, hard uint64, raised bool, err error) {
 type soakProbe struct {
 	pid             int
 	metricsURL      string
+	liveHeapURL     string
 	client          *http.Client
 	goroutineSource string
 	buf             bytes.Buffer
 }
 
-func newSoakProbe(pid int, metricsURL string) *soakProbe {
-	return &soakProbe{pid: pid, metricsURL: metricsURL, client: &http.Client{Timeout: 3 * time.Second}}
+// newSoakProbe probes the broker of process pid whose HTTP API is at
+// base (http://host:port).
+func newSoakProbe(pid int, base string) *soakProbe {
+	return &soakProbe{pid: pid, metricsURL: base + "/metrics", liveHeapURL: base + "/debug/pprof/heap?gc=1&debug=1",
+		client: &http.Client{Timeout: 10 * time.Second}}
+}
+
+// liveHeapMB makes the broker collect garbage and returns its heap
+// allocated right after, in MB: the runtime.MemStats HeapAlloc line of the
+// text heap profile, which the runtime writes after the forced GC.
+func (p *soakProbe) liveHeapMB() (float64, error) {
+	resp, err := p.client.Get(p.liveHeapURL)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s: status %s (does the broker run with --pprof?)", p.liveHeapURL, resp.Status)
+	}
+	return parseHeapAlloc(resp.Body)
+}
+
+// parseHeapAlloc reads "# HeapAlloc = <bytes>" from a text heap profile
+// (debug=1) and returns it in MB.
+func parseHeapAlloc(r io.Reader) (float64, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "# HeapAlloc = "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return 0, fmt.Errorf("heap profile: HeapAlloc %q: %w", v, err)
+			}
+			return n / (1 << 20), nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("heap profile: no HeapAlloc line")
 }
 
 // waitMetrics waits until /metrics answers and decides where goroutine
@@ -480,6 +529,7 @@ type soakSampler struct {
 	samples []SoakSample
 
 	last                      time.Time
+	lastLiveHeap              time.Time
 	lastReserved, lastFirst   uint64
 	lastReceipts              int64
 	lastBrokerCPU, lastOwnCPU float64
@@ -562,7 +612,15 @@ func (s *soakSampler) sample(pid string) SoakSample {
 	runtime.ReadMemStats(&ms)
 	sm.LoadgenHeapMB = float64(ms.HeapInuse) / (1 << 20)
 	sm.LoadgenGoroutines = runtime.NumGoroutine()
-	sm.BrokerGoroutine, sm.BrokerHeapMB, sm.BrokerHeapObjects = -1, -1, -1
+	sm.BrokerGoroutine, sm.BrokerHeapMB, sm.BrokerHeapObjects, sm.BrokerLiveHeapMB = -1, -1, -1, -1
+	if every := s.run.cfg.LiveHeapEvery; every > 0 && now.Sub(s.lastLiveHeap) >= every {
+		s.lastLiveHeap = now
+		if v, err := s.probe.liveHeapMB(); err == nil {
+			sm.BrokerLiveHeapMB = v
+		} else {
+			fmt.Fprintf(s.run.cfg.Progress, "soak: live heap not measured: %v\n", err)
+		}
+	}
 	if m, err := s.probe.metrics(); err == nil {
 		sm.BrokerMetrics = m
 		if v, ok := m["go_goroutines"]; ok {
@@ -578,20 +636,22 @@ func (s *soakSampler) sample(pid string) SoakSample {
 	return sm
 }
 
-// soakStability compares the first and last window (of length window) of
-// the publishing phase, which lasted pubS seconds.
-func soakStability(samples []SoakSample, window time.Duration, pubS float64) SoakStability {
-	w := window.Seconds()
-	st := SoakStability{WindowS: w}
-	var rssF, rssL, gF, gL, thF, thL, hF, hL, oF, oL []float64
+// soakStability compares the first window (of length window, after the
+// warm-up) and the last window of the publishing phase, which lasted pubS
+// seconds.
+func soakStability(samples []SoakSample, warmup, window time.Duration, pubS float64) SoakStability {
+	w, wu := window.Seconds(), warmup.Seconds()
+	st := SoakStability{WindowS: w, WarmupS: wu}
+	var rssF, rssL, gF, gL, thF, thL, hF, hL, oF, oL, lF, lL []float64
 	var tail []SoakSample
 	for _, s := range samples {
 		if s.Phase != "publish" {
 			continue
 		}
-		if s.T <= w {
+		if s.T > wu && s.T <= wu+w {
 			rssF, thF = append(rssF, s.BrokerRSSMB), append(thF, float64(s.BrokerThreads))
 			hF, oF = appendKnown(hF, s.BrokerHeapMB), appendKnown(oF, s.BrokerHeapObjects)
+			lF = appendKnown(lF, s.BrokerLiveHeapMB)
 			if s.BrokerGoroutine >= 0 {
 				gF = append(gF, s.BrokerGoroutine)
 			}
@@ -599,14 +659,16 @@ func soakStability(samples []SoakSample, window time.Duration, pubS float64) Soa
 		if s.T > pubS-w {
 			rssL, thL = append(rssL, s.BrokerRSSMB), append(thL, float64(s.BrokerThreads))
 			hL, oL = appendKnown(hL, s.BrokerHeapMB), appendKnown(oL, s.BrokerHeapObjects)
+			lL = appendKnown(lL, s.BrokerLiveHeapMB)
 			if s.BrokerGoroutine >= 0 {
 				gL = append(gL, s.BrokerGoroutine)
 			}
 		}
-		if s.T > w {
+		if s.T > wu {
 			tail = append(tail, s)
 		}
 	}
+	st.LiveHeapFirstMB, st.LiveHeapLastMB = measuredOr(Median(lF), -1), measuredOr(Median(lL), -1)
 	st.RSSFirstMedianMB, st.RSSLastMedianMB = Median(rssF), Median(rssL)
 	st.GoroutinesFirst, st.GoroutinesLast = Median(gF), Median(gL)
 	st.ThreadsFirst, st.ThreadsLast = Median(thF), Median(thL)
@@ -615,6 +677,15 @@ func soakStability(samples []SoakSample, window time.Duration, pubS float64) Soa
 	st.RSSSlopeMBPer10Min = 600 * slope(tail, func(s SoakSample) float64 { return s.BrokerRSSMB })
 	st.GoroutineSlope = 600 * slope(tail, func(s SoakSample) float64 { return s.BrokerGoroutine })
 	return st
+}
+
+// measuredOr returns v, or none when v is NaN (no samples): JSON has no
+// NaN.
+func measuredOr(v, none float64) float64 {
+	if math.IsNaN(v) {
+		return none
+	}
+	return v
 }
 
 // appendKnown appends v unless it is negative (not measured).

@@ -126,7 +126,7 @@ func TestSoakStabilityComparesFirstAndLastWindows(t *testing.T) {
 		ss = append(ss, SoakSample{T: float64(10 * i), Phase: "publish", BrokerRSSMB: rss, BrokerGoroutine: 400, BrokerThreads: 9})
 	}
 	ss = append(ss, SoakSample{T: 130, Phase: "drain", BrokerRSSMB: 999, BrokerGoroutine: 999})
-	st := soakStability(ss, 40*time.Second, 120)
+	st := soakStability(ss, 0, 40*time.Second, 120)
 	require.Equal(t, 50.0, st.RSSFirstMedianMB)
 	require.Equal(t, 60.0, st.RSSLastMedianMB, "the drain sample is not in the last window")
 	require.Equal(t, 400.0, st.GoroutinesFirst)
@@ -147,6 +147,55 @@ func TestSoakStabilityComparesFirstAndLastWindows(t *testing.T) {
 	require.Equal(t, "missed", gs[1].Status)
 }
 
+func TestSoakStabilityLeavesOutTheWarmup(t *testing.T) {
+	// RSS climbs for the first 30 s, then stays at 80; the live heap,
+	// measured every third sample, stays at 20 MB until it leaks at the end.
+	var ss []SoakSample
+	for i := 1; i <= 12; i++ {
+		s := SoakSample{T: float64(10 * i), Phase: "publish", BrokerRSSMB: 80, BrokerGoroutine: 400, BrokerLiveHeapMB: -1}
+		if i <= 3 {
+			s.BrokerRSSMB = float64(20 * i)
+		}
+		if i%3 == 0 {
+			s.BrokerLiveHeapMB = 20
+			if i == 12 {
+				s.BrokerLiveHeapMB = 30
+			}
+		}
+		ss = append(ss, s)
+	}
+	st := soakStability(ss, 30*time.Second, 40*time.Second, 120)
+	require.Equal(t, 30.0, st.WarmupS)
+	require.Equal(t, 80.0, st.RSSFirstMedianMB, "samples at 40-70 s, after the warm-up")
+	require.Equal(t, 80.0, st.RSSLastMedianMB)
+	require.Equal(t, 0.0, st.RSSSlopeMBPer10Min, "the slope starts after the warm-up")
+	require.Equal(t, 20.0, st.LiveHeapFirstMB, "the live heap of the sample at 60 s")
+	require.Equal(t, 25.0, st.LiveHeapLastMB, "the samples at 90 and 120 s")
+
+	// Without the warm-up the climb counts: RSS looks like it grew.
+	require.Less(t, soakStability(ss, 0, 40*time.Second, 120).RSSFirstMedianMB, 80.0)
+
+	res := &SoakResults{Stability: st}
+	res.Final.AckedQoS1 = 10
+	res.Config.LiveHeapEveryS = 30
+	gs := soakGoals(res)
+	require.Len(t, gs, 4)
+	require.Equal(t, "broker live heap (after a forced GC) flat after warm-up", gs[2].Text)
+	require.Equal(t, "missed", gs[2].Status, "×1.25 is above the live heap limit")
+	require.Contains(t, gs[1].Detail, "after the 30 s warm-up")
+}
+
+func TestParseHeapAlloc(t *testing.T) {
+	profile := "heap profile: 1: 2 [3: 4] @ heap/1048576\n# runtime.MemStats\n# Alloc = 1\n# TotalAlloc = 2\n# HeapAlloc = 52428800\n# HeapSys = 99\n"
+	mb, err := parseHeapAlloc(strings.NewReader(profile))
+	require.NoError(t, err)
+	require.Equal(t, 50.0, mb)
+	_, err = parseHeapAlloc(strings.NewReader("heap profile\n# Alloc = 1\n"))
+	require.ErrorContains(t, err, "no HeapAlloc")
+	_, err = parseHeapAlloc(strings.NewReader("# HeapAlloc = many\n"))
+	require.Error(t, err)
+}
+
 func TestSoakFlags(t *testing.T) {
 	cfg, err := parseSoakFlags(nil, io.Discard)
 	require.NoError(t, err)
@@ -159,6 +208,7 @@ func TestSoakFlags(t *testing.T) {
 	require.Equal(t, []string{"--write-timeout=5s"}, cfg.BrokerArgs)
 	for _, bad := range [][]string{
 		{"--connections", "30"}, {"--rate", "0"}, {"--qos1-percent", "101"}, {"--duration", "1s"}, {"--out", ""}, {"extra"},
+		{"--live-heap-every", "-1s"}, {"--duration", "3m", "--warmup", "2m"},
 	} {
 		_, err := parseSoakFlags(bad, io.Discard)
 		require.Error(t, err, "%v", bad)
@@ -192,10 +242,18 @@ func TestSoakRunSmall(t *testing.T) {
 		Connections: 64, Groups: 4, Publishers: 4, Rate: 100, QoS1Percent: 50,
 		Duration: 12 * time.Second, ChurnEvery: 300 * time.Millisecond, RejoinAfter: time.Second,
 		ProcessTime: 150 * time.Millisecond, SampleEvery: time.Second, Grace: 15 * time.Second,
-		OverdueAfter: 5 * time.Second, Out: out, Seed: 7, Progress: &progress,
+		OverdueAfter: 5 * time.Second, Out: out, Seed: 7, Progress: &progress, LiveHeapEvery: 2 * time.Second,
 	}
 	res, err := RunSoak(ctx, cfg)
 	require.NoError(t, err, progress.String())
+	liveHeaps := 0
+	for _, s := range res.Samples {
+		if s.BrokerLiveHeapMB > 0 {
+			liveHeaps++
+		}
+	}
+	require.GreaterOrEqual(t, liveHeaps, 4, "the live heap is measured every 2 s")
+	require.Positive(t, res.Stability.LiveHeapLastMB)
 	f, tt := res.Final, res.Totals
 	require.Equal(t, 1200, int(tt.Reserved))
 	require.Zero(t, tt.PublishFailed)
