@@ -27,17 +27,7 @@ func TestWorkQueueInAVirtualHost(t *testing.T) {
 	const vhost, g = "luffy-vh", "vhg"
 	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
 	require.NoError(t, err)
-	res, err := rh.PutVhost(vhost, rabbithole.VhostSettings{})
-	require.NoError(t, err)
-	res.Body.Close()
-	res, err = rh.UpdatePermissionsIn(vhost, rabbitharness.User, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})
-	require.NoError(t, err)
-	res.Body.Close()
-	t.Cleanup(func() {
-		if res, err := rh.DeleteVhost(vhost); err == nil {
-			res.Body.Close()
-		}
-	})
+	n.AddVhost(t, vhost)
 
 	share := "$share/" + g + "/jobs/" + g + "/#"
 	b := startSiteBroker(t, n, broker.Config{

@@ -45,18 +45,7 @@ func testVhost(t *testing.T, h *rabbitharness.Harness) string {
 	_, _ = rand.Read(b)
 	vhost := "ctl-" + hex.EncodeToString(b)
 	for _, n := range h.Nodes() {
-		rh := mgmt(t, n)
-		res, err := rh.PutVhost(vhost, rabbithole.VhostSettings{})
-		require.NoError(t, err)
-		res.Body.Close()
-		res, err = rh.UpdatePermissionsIn(vhost, rabbitharness.User, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})
-		require.NoError(t, err)
-		res.Body.Close()
-		t.Cleanup(func() {
-			if res, err := rh.DeleteVhost(vhost); err == nil {
-				res.Body.Close()
-			}
-		})
+		n.AddVhost(t, vhost)
 	}
 	return vhost
 }

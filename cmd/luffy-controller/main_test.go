@@ -13,7 +13,6 @@ import (
 	"strings"
 	"testing"
 
-	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -78,8 +77,6 @@ func TestControllerCommandExitCodes(t *testing.T) {
 func TestControllerCommandOnce(t *testing.T) {
 	h := rabbitharness.StartT(t, rabbitharness.Config{Sites: []string{"berlin"}})
 	n := h.Node("berlin")
-	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
-	require.NoError(t, err)
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	urls := map[string]string{}
@@ -87,12 +84,7 @@ func TestControllerCommandOnce(t *testing.T) {
 	file.WriteString("sites:\n")
 	for _, site := range []string{"east", "west"} {
 		vhost := site + "-" + hex.EncodeToString(b)
-		res, err := rh.PutVhost(vhost, rabbithole.VhostSettings{})
-		require.NoError(t, err)
-		res.Body.Close()
-		res, err = rh.UpdatePermissionsIn(vhost, rabbitharness.User, rabbithole.Permissions{Configure: ".*", Write: ".*", Read: ".*"})
-		require.NoError(t, err)
-		res.Body.Close()
+		n.AddVhost(t, vhost)
 		urls[site] = "amqp://guest:guest@" + n.AMQPAddr() + "/" + vhost
 		conn, err := amqp.Dial(urls[site])
 		require.NoError(t, err)
