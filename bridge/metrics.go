@@ -76,7 +76,7 @@ func newStats(b *Bridge) *stats {
 			"cons_pend":   d("conservation_requests_pending", "Conservation requests waiting for the upstream of a removed link to be reachable."),
 			"held":        d("held_messages_total", "Messages a removed federation link left in its queue on this node: conserved (re-published into their exchange) or discarded (--federation-discard-held).", "outcome"),
 			"held_queues": d("held_queues_removed_total", "Queues of removed federation links emptied and deleted on this node."),
-			"links_wait":  d("federation_old_links_waiting", "Old federation links the last configuration attempt kept: they still run and their upstreams have not taken what they hold (no luffymq agent there, or it cannot close the link's connection); the configuration is retried until they have."),
+			"links_wait":  d("federation_old_links_waiting", "Old federation links a configuration removes that are still in place: during an attempt, or after one that kept them (new links not running yet, or old ones still running whose upstreams have not taken what they hold: no luffymq agent there, or it cannot close the link's connection); the configuration is retried until they go."),
 			"cfg_fail":    d("config_apply_failures_total", "Attempts to apply a configuration message that failed; it is retried every second for its first 10 attempts, then with pauses doubling up to 30 s, until it applies or a newer one replaces it."),
 			"cfg_retry":   d("config_retrying", "1 while the configuration agent holds a configuration message that failed and waits to retry it, else 0."),
 		},

@@ -270,9 +270,10 @@ type ReconfigStats struct {
 	// Conserved counts held messages re-published into the exchange they
 	// came from; Discarded those deleted (DiscardHeldOnMove).
 	Conserved, Discarded uint64
-	// OldLinksWaiting is how many old links the last configuration attempt
-	// had to keep: they still run and their upstreams have not taken
-	// what they hold (the configuration is retried until they have).
+	// OldLinksWaiting is how many old links the current or last
+	// configuration attempt has not removed: new links not running yet,
+	// or old ones still running whose upstreams have not taken what they
+	// hold (the configuration is retried until they have).
 	OldLinksWaiting int64
 	// ConfigFailures counts attempts to apply a configuration message
 	// that failed; ConfigRetrying is 1 while the current one waits for
@@ -484,6 +485,9 @@ func (b *Bridge) applyConfiguration(ctx context.Context, fc FederationConfig) er
 		return nil
 	}
 
+	// Until they are removed, the old links wait (a failed attempt
+	// leaves them all in place).
+	b.stats.reconfig.oldLinksWaiting.Store(int64(len(removed)))
 	// 2. New links beside the old ones.
 	union := fc
 	union.Exchanges = withLinks(want, removed)

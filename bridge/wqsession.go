@@ -56,17 +56,13 @@ func declareWorkTopology(ch *amqp.Channel, g string) error {
 // earlier binding the local intake is bound with weight 1 through ring 0.
 func (b *Bridge) adoptBindings(ch *amqp.Channel, g string) (wqState, error) {
 	var st wqState
-	dlx, err := b.rh.ListExchangeBindingsWithSource(b.vhost(), DeadLetterExchangeName(g))
+	bound, err := b.dlxRingBindings(g)
 	if err != nil {
-		return st, fmt.Errorf("listing bindings of %s on %s: %w", DeadLetterExchangeName(g), b.cfg.WorkQueue.ManagementURL, err)
+		return st, err
 	}
-	for _, x := range dlx {
-		for i := 0; i < 2; i++ {
-			if x.Destination == ringExchange(g, i) && st.weight == 0 {
-				if w, err := strconv.Atoi(x.RoutingKey); err == nil && w > 0 {
-					st.weight, st.ring = w, i
-				}
-			}
+	for _, x := range bound {
+		if w, err := strconv.Atoi(x.weight); err == nil && w > 0 && st.weight == 0 {
+			st.weight, st.ring = w, x.ring
 		}
 	}
 	if st.weight == 0 {
