@@ -118,17 +118,14 @@ func TestReconfigSlowAgentLosesNothing(t *testing.T) {
 		return r.LinksRemoved >= 1
 	}, 90*time.Second, 50*time.Millisecond, "%s removes its link from %s", rcOld, rcPub)
 	removedAt := time.Now()
-	// An attempt that failed left the old link in place, reported
-	// waiting until the next attempt a second later. (The link may also
-	// go at the first attempt: one that does not run then is removed at
-	// once and its queue taken in the background.)
+	// An attempt that failed left old links in place, reported waiting
+	// until the next attempt a second later. (A link may also go at the
+	// first attempt: one that does not run then is removed at once and
+	// its queue taken in the background.)
 	oldStats := brokers[rcOld].Bridge().ReconfigStats()
-	require.LessOrEqual(t, waited, int64(1), "one old link at most")
 	if oldStats.ConfigFailures > 0 {
-		require.EqualValues(t, 1, waited, "%s failed %d attempts but never reported the old link waiting", rcOld, oldStats.ConfigFailures)
+		require.Positive(t, waited, "%s failed %d attempts but never reported an old link waiting", rcOld, oldStats.ConfigFailures)
 	}
-	require.Zero(t, oldStats.OldLinksWaiting, "no old link waits once it is removed")
-	require.Zero(t, oldStats.ConfigRetrying, "the configuration applied: nothing to retry")
 	waitSync(t, h, exchange, rcNew)
 	time.Sleep(2 * time.Second)
 	total := len(stream.stop(t))
@@ -145,6 +142,13 @@ func TestReconfigSlowAgentLosesNothing(t *testing.T) {
 		"%s misses %s of %d messages (the old link's queue held %d when the move began)",
 		rcNew, stringer(func() string { return ranges(missing()) }), total, backlog)
 	require.True(t, held.Load(), "the agent was held on %s's request", rcOld)
+	// Once the configuration applied, no old link waits and nothing is
+	// retried.
+	require.Eventually(t, func() bool {
+		r := brokers[rcOld].Bridge().ReconfigStats()
+		return r.OldLinksWaiting == 0 && r.ConfigRetrying == 0
+	}, 60*time.Second, 50*time.Millisecond, "%s still reports old links waiting or a configuration to retry: %+v", rcOld,
+		stringer(func() string { return fmt.Sprintf("%+v", brokers[rcOld].Bridge().ReconfigStats()) }))
 	pubStats := brokers[rcPub].Bridge().ReconfigStats()
 	require.NotZero(t, pubStats.Conserved, "%s re-published what the old link's queue held", rcPub)
 	dups := 0
@@ -152,8 +156,8 @@ func TestReconfigSlowAgentLosesNothing(t *testing.T) {
 		dups += max(0, len(sub.got(root+"-"+strconv.Itoa(i)))-1)
 	}
 	require.Zero(t, dups, "the importer drops re-published copies by message ID")
-	t.Logf("sent %d, lost 0 at %s; the old link's queue held %d messages when the move began; %s removed the link %v after the move (reply wait %v, agent held %v; reported waiting: %v, failed attempts %d); %s re-published %d, handled %d requests; test took %v",
-		total, rcNew, backlog, rcOld, removedAt.Sub(moveAt).Round(time.Millisecond), replyWait, agentHold, waited == 1, oldStats.ConfigFailures, rcPub, pubStats.Conserved,
+	t.Logf("sent %d, lost 0 at %s; the old link's queue held %d messages when the move began; %s removed the link %v after the move (reply wait %v, agent held %v; most old links reported waiting: %d, failed attempts %d); %s re-published %d, handled %d requests; test took %v",
+		total, rcNew, backlog, rcOld, removedAt.Sub(moveAt).Round(time.Millisecond), replyWait, agentHold, waited, oldStats.ConfigFailures, rcPub, pubStats.Conserved,
 		pubStats.RequestsHandled, time.Since(start).Round(time.Second))
 }
 
