@@ -297,6 +297,13 @@ type SitesRun struct {
 	Latency       SitesLatency `json:"latency"`
 	LocalLatency  SitesLatency `json:"local_latency"`
 	RemoteLatency SitesLatency `json:"remote_latency"`
+	// Oracle is wqOracle on this run's publishes (work queues only): the
+	// latencies of a scheduler that knows every consumer's state and pays
+	// only the network.
+	Oracle *SitesLatency `json:"oracle,omitempty"`
+	// Routes splits work-queue processings by where they were published
+	// and where they were processed.
+	Routes []SitesRoute `json:"routes,omitempty"`
 	// Quantiles are the 0th to 100th latency percentiles in ms.
 	Quantiles []float64     `json:"quantiles_ms,omitempty"`
 	OverTime  []SitesWindow `json:"over_time,omitempty"`
@@ -316,6 +323,15 @@ type SitesRun struct {
 	Error           string   `json:"error,omitempty"`
 
 	points []latencyPoint
+}
+
+// SitesRoute is one route of work-queue messages: published at From,
+// processed at To.
+type SitesRoute struct {
+	From   string  `json:"from"`
+	To     string  `json:"to"`
+	Count  int     `json:"count"`
+	MeanMs float64 `json:"mean_ms"`
 }
 
 // SitesWorkload describes one scenario's clients.

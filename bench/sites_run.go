@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -249,6 +250,10 @@ func (r *sitesRunner) fill(run *SitesRun, m measurement, receiverSite []int, clo
 	run.Expected, run.Delivered, run.Lost, run.Duplicated, run.Unexpected, run.Remote = a.Expected, a.Delivered, a.Lost, a.Duplicated, a.Unexpected, a.Remote
 	run.Latency, run.LocalLatency, run.RemoteLatency = a.Latency, a.LocalLatency, a.RemoteLatency
 	run.Quantiles, run.OverTime = a.Quantiles, a.OverTime
+	for k, sum := range a.Routes {
+		run.Routes = append(run.Routes, SitesRoute{From: r.cfg.Sites[k[0]], To: r.cfg.Sites[k[1]], Count: sum.n, MeanMs: sum.sum / float64(sum.n)})
+	}
+	slices.SortFunc(run.Routes, func(x, y SitesRoute) int { return cmp.Or(cmp.Compare(x.From, y.From), cmp.Compare(y.Count, x.Count)) })
 	run.PublisherLagMaxMs = ms(m.maxLag)
 	for origin, n := range a.LostByOrigin {
 		run.Notes = append(run.Notes, fmt.Sprintf("lost %d of the deliveries of messages published at %s", n, r.cfg.Sites[origin]))
@@ -507,7 +512,27 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 			return pubs[a.Site], sitesMsgID(false, a.Site, a.Seq), sitesExpectation{Origin: a.Site}
 		}, ledger, rec, func(owed map[uint64]sitesExpectation) int { return len(owed) }, nil)
 	r.fill(run, m, dl.receiverSite, cloud)
+	run.Oracle = r.wqOracleLatency(w, m)
 	return ctx.Err()
+}
+
+// wqOracleLatency summarises wqOracle on the publishes of m, with w's
+// consumers where the scenario puts them (at their own sites).
+func (r *sitesRunner) wqOracleLatency(w wqWorkload, m measurement) *SitesLatency {
+	msgs := make([]wqOracleMessage, 0, len(m.owed))
+	for _, exp := range m.owed {
+		msgs = append(msgs, wqOracleMessage{Origin: exp.Origin, Sent: exp.Sent.Sub(m.start)})
+	}
+	delay := func(o, s int) time.Duration {
+		d, _ := r.delays.Between(w.Sites[o], w.Sites[s])
+		return d
+	}
+	lat := wqOracle(msgs, w.Consumers, delay, w.Service)
+	if len(lat) == 0 {
+		return nil
+	}
+	sum := summariseSites(lat)
+	return &sum
 }
 
 // runPS measures a pub/sub scenario on one architecture.

@@ -96,6 +96,9 @@ type sitesAnalysis struct {
 	LocalLatency  SitesLatency
 	Quantiles     []float64
 	OverTime      []SitesWindow
+	// Routes sums work-queue processings by (origin site, processing
+	// site).
+	Routes map[[2]int]*routeSum
 	// LostByOrigin counts lost deliveries by origin site.
 	LostByOrigin map[int]int
 	// LostSent are the send times of lost messages (from the start of
@@ -104,6 +107,12 @@ type sitesAnalysis struct {
 	// latencies of first deliveries with their send offsets, for
 	// reconfiguration windows.
 	points []latencyPoint
+}
+
+// routeSum adds up the latencies of one route's processings.
+type routeSum struct {
+	n   int
+	sum float64
 }
 
 // latencyPoint is one first delivery: its send time from the start of
@@ -117,7 +126,7 @@ type latencyPoint struct {
 // each receiver's site; start is the start of publishing; window the width
 // of the over-time series.
 func analyseSites(owed map[uint64]sitesExpectation, receipts []receipt, receiverSite []int, start time.Time, window time.Duration) sitesAnalysis {
-	a := sitesAnalysis{Published: len(owed), LostByOrigin: map[int]int{}}
+	a := sitesAnalysis{Published: len(owed), LostByOrigin: map[int]int{}, Routes: map[[2]int]*routeSum{}}
 	type key struct {
 		id       uint64
 		receiver int
@@ -153,6 +162,14 @@ func analyseSites(owed map[uint64]sitesExpectation, receipts []receipt, receiver
 		a.Delivered++
 		all = append(all, lat)
 		a.points = append(a.points, latencyPoint{Sent: r.Sent.Sub(start), Latency: lat})
+		if exp.Receivers == nil && r.Receiver >= 0 && r.Receiver < len(receiverSite) {
+			k := [2]int{exp.Origin, receiverSite[r.Receiver]}
+			if a.Routes[k] == nil {
+				a.Routes[k] = &routeSum{}
+			}
+			a.Routes[k].n++
+			a.Routes[k].sum += lat
+		}
 		if r.Receiver >= 0 && r.Receiver < len(receiverSite) && receiverSite[r.Receiver] != exp.Origin {
 			a.Remote++
 			remote = append(remote, lat)

@@ -316,6 +316,18 @@ func TestSitesAnalyseWorkQueue(t *testing.T) {
 	require.Equal(t, 1, a.Duplicated)
 	require.Equal(t, 1, a.Remote)
 	require.InDelta(t, 55, a.Latency.Mean, 1e-9, "duplicates do not count in latency")
+	require.Len(t, a.Routes, 2, "duplicates do not count in routes")
+	require.Equal(t, routeSum{n: 1, sum: 10}, *a.Routes[[2]int{0, 0}])
+	require.Equal(t, routeSum{n: 1, sum: 100}, *a.Routes[[2]int{0, 1}])
+}
+
+func TestFormatRoutes(t *testing.T) {
+	got := formatRoutes([]SitesRoute{
+		{From: "berlin", To: "berlin", Count: 3, MeanMs: 5},
+		{From: "tunis", To: "tunis", Count: 10, MeanMs: 40},
+		{From: "tunis", To: "berlin", Count: 4, MeanMs: 60.5},
+	})
+	require.Equal(t, "tunis → tunis 10 (40.0), tunis → berlin 4 (60.5), berlin → berlin 3 (5.00)", got, "busiest origin first, each origin's routes in the order given")
 }
 
 func TestSitesSteadyAndSpike(t *testing.T) {
