@@ -283,6 +283,7 @@ func (b *Bridge) publishLoop(ctx context.Context, ch *amqp.Channel) error {
 			confirms = append(confirms, dc)
 		}
 		var retry []*outMsg
+		wake := false
 		for i, m := range batch {
 			if i >= len(confirms) {
 				retry = append(retry, m)
@@ -293,6 +294,7 @@ func (b *Bridge) publishLoop(ctx context.Context, ch *amqp.Channel) error {
 			case <-ctx.Done():
 			}
 			if confirms[i].Acked() {
+				wake = wake || m.wakesWork
 				if m.label != "" {
 					b.stats.exported(m.label)
 				} else {
@@ -309,6 +311,9 @@ func (b *Bridge) publishLoop(ctx context.Context, ch *amqp.Channel) error {
 			retry = append(retry, m)
 		}
 		b.outbox.requeue(retry)
+		if wake {
+			b.wake()
+		}
 		if pubErr != nil {
 			return pubErr
 		}

@@ -64,6 +64,7 @@ func newStats(b *Bridge) *stats {
 			"wq_received": d("wq_messages_received_total", "Messages taken from a work queue, by source: local (wq.<g>), own_overflow (intake, published here), other_site (intake, published at another site).", "queue", "source"),
 			"wq_settled":  d("wq_messages_settled_total", "Work-queue messages settled with RabbitMQ, by outcome: completed (acknowledged after the member's PUBACK), requeued, duplicate, unmappable.", "queue", "outcome"),
 			"wq_overflow": d("wq_overflow_received_total", "Messages that overflowed (TTL or max length) out of the work queue of origin site and were received here; origin equal to site means they came back.", "queue", "origin"),
+			"wq_at_pub":   d("wq_overflow_at_publish_total", "Local publishes sent to the work queue's dead-letter exchange at once, because the local members would not have started them within the queue's TTL (off with --wq-ttl-overflow-only).", "queue"),
 			"wq_ttl":      d("wq_ttl_seconds", "Current message TTL of the work queue's policy (eq. 2.12).", "queue"),
 			"wq_maxlen":   d("wq_max_length", "Current max length of the work queue's policy (eq. 2.12).", "queue"),
 			"wq_weight":   d("wq_weight", "Current consistent-hash weight of this site's intake (eq. 2.13).", "queue"),
@@ -115,7 +116,10 @@ type reconfigCounters struct {
 
 // wqCounters counts one group's work-queue traffic.
 type wqCounters struct {
-	received  [numWQSources]uint64
+	received [numWQSources]uint64
+	// atPublish counts local publishes sent to the dead-letter exchange at
+	// once (overflow at publish).
+	atPublish uint64
 	settled   map[string]uint64
 	fromSites map[string]uint64
 }
@@ -132,6 +136,12 @@ func (s *stats) wqGroup(g string) *wqCounters {
 func (s *stats) wqReceived(g string, src wqSource) {
 	s.mu.Lock()
 	s.wqGroup(g).received[src]++
+	s.mu.Unlock()
+}
+
+func (s *stats) wqOverflowAtPublish(g string) {
+	s.mu.Lock()
+	s.wqGroup(g).atPublish++
 	s.mu.Unlock()
 }
 
@@ -152,6 +162,10 @@ type WorkQueueStats struct {
 	// Received counts messages taken from RabbitMQ: Local from wq.<g>,
 	// OwnOverflow and FromOtherSites from the intake queue.
 	Local, OwnOverflow, FromOtherSites uint64
+	// OverflowAtPublish counts local publishes sent to the dead-letter
+	// exchange at once because the local members would not have started
+	// them within the TTL.
+	OverflowAtPublish uint64
 	// Completed, Requeued and Duplicates count settlements.
 	Completed, Requeued, Duplicates uint64
 	// FromSite splits FromOtherSites by origin site: the overflow of each
@@ -179,6 +193,7 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 	for g, c := range s.wq {
 		w := out[g]
 		w.Local, w.OwnOverflow, w.FromOtherSites = c.received[fromWorkQueue], c.received[fromOwnOverflow], c.received[fromOtherSite]
+		w.OverflowAtPublish = c.atPublish
 		w.Completed, w.Requeued, w.Duplicates = c.settled["completed"], c.settled["requeued"], c.settled["duplicate"]
 		w.FromSite = map[string]uint64{}
 		for o, n := range c.fromSites {
@@ -277,6 +292,7 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 		for o, n := range w.FromSite {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_overflow"], prometheus.CounterValue, float64(n), q, o)
 		}
+		ch <- prometheus.MustNewConstMetric(s.descs["wq_at_pub"], prometheus.CounterValue, float64(w.OverflowAtPublish), q)
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_ttl"], prometheus.GaugeValue, w.TTL.Seconds(), q)
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_maxlen"], prometheus.GaugeValue, float64(w.MaxLength), q)
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_weight"], prometheus.GaugeValue, float64(w.Weight), q)

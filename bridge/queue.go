@@ -14,6 +14,10 @@ type outMsg struct {
 	pub      amqp.Publishing
 	attempts int
 	label    string // counted under this name instead of exchange
+	// wakesWork is set on publishes to the site's own work queue: once
+	// RabbitMQ has it, the consume loops look at once instead of at their
+	// next poll.
+	wakesWork bool
 }
 
 // outbox is a bounded FIFO of messages to publish. When full, the oldest

@@ -178,7 +178,12 @@ func (b *Bridge) exportWork(pk packets.Packet) {
 			pub.Headers[HeaderTopic] = pk.TopicName
 		}
 		p := *pub
-		if !b.outbox.push(&outMsg{exchange: "", key: g.queue(), pub: p, label: g.queue()}) {
+		m := &outMsg{exchange: "", key: g.queue(), pub: p, label: g.queue(), wakesWork: true}
+		if !b.cfg.WorkQueue.TTLOverflowOnly && g.view.decide(time.Now()) {
+			m.exchange = DeadLetterExchangeName(g.name)
+			b.stats.wqOverflowAtPublish(g.name)
+		}
+		if !b.outbox.push(m) {
 			b.stats.warnDropped(b.log)
 		}
 	}

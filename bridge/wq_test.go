@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,10 +34,23 @@ type tally struct {
 	bySeq  map[int]int
 	byID   map[string]int
 	bySite map[string]int
+	// firstStart and firstSite are when and where each sequence number
+	// was first started.
+	firstStart map[int]time.Time
+	firstSite  map[int]string
 }
 
 func newTally() *tally {
-	return &tally{bySeq: map[int]int{}, byID: map[string]int{}, bySite: map[string]int{}}
+	return &tally{bySeq: map[int]int{}, byID: map[string]int{}, bySite: map[string]int{}, firstStart: map[int]time.Time{}, firstSite: map[int]string{}}
+}
+
+// started records that a worker at site began seq at time at.
+func (t *tally) started(site string, seq int, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.firstStart[seq]; !ok {
+		t.firstStart[seq], t.firstSite[seq] = at, site
+	}
 }
 
 func (t *tally) record(site string, seq int, id string) {
@@ -85,11 +99,12 @@ func startWorker(t *testing.T, addr, id, share, label string, service, acksInter
 			func(pr paho.PublishReceived) (bool, error) {
 				w.busy.Store(true)
 				defer w.busy.Store(false)
+				seq, _ := strconv.Atoi(string(pr.Packet.Payload))
+				tl.started(label, seq, time.Now())
 				time.Sleep(service) // the work itself
 				if w.killed.Load() {
 					return true, nil // crashed before finishing: no record, no PUBACK
 				}
-				seq, _ := strconv.Atoi(string(pr.Packet.Payload))
 				msgID := ""
 				if pr.Packet.Properties != nil {
 					msgID = pr.Packet.Properties.User.Get(bridge.MessageIDUserProperty)
@@ -118,6 +133,13 @@ type wqSetup struct {
 	rate     int // messages per second, published at berlin
 	// during runs once after some messages were processed.
 	during func(t *testing.T, ws map[string][]*worker)
+	// ttlPerMember sets WorkQueueConfig.TTLPerMember (200 ms when 0);
+	// ttlOverflowOnly sets TTLOverflowOnly.
+	ttlPerMember    time.Duration
+	ttlOverflowOnly bool
+	// maxLengthPerMember sets WorkQueueConfig.MaxLengthPerMember (10
+	// when 0).
+	maxLengthPerMember int
 }
 
 // wqResult is what a scenario measured.
@@ -129,11 +151,22 @@ type wqResult struct {
 	// counters: a departed member's work-queue messages are the bridge's
 	// to requeue, never parked by the selection hook.
 	parked, leftToBridge uint64
+	// spilled are the waits (publish to first start) of the messages
+	// first started away from berlin, where they are published.
+	spilled []time.Duration
 }
 
 func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 	t.Helper()
 	share := "$share/" + s.group + "/jobs/" + s.group + "/#"
+	ttl := s.ttlPerMember
+	if ttl == 0 {
+		ttl = 200 * time.Millisecond
+	}
+	maxLength := s.maxLengthPerMember
+	if maxLength == 0 {
+		maxLength = 10
+	}
 	brokers := map[string]*broker.Broker{}
 	for _, name := range wqSites {
 		b, err := broker.New(broker.Config{
@@ -145,8 +178,9 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 			Site:              name,
 			ExportGroups:      []string{share},
 			WorkQueue: bridge.WorkQueueConfig{
-				MaxLengthPerMember: 10,
-				TTLPerMember:       200 * time.Millisecond,
+				MaxLengthPerMember: maxLength,
+				TTLPerMember:       ttl,
+				TTLOverflowOnly:    s.ttlOverflowOnly,
 				RetuneInterval:     100 * time.Millisecond,
 			},
 		})
@@ -196,8 +230,10 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 	tick := time.NewTicker(time.Second / time.Duration(s.rate))
 	defer tick.Stop()
 	duringDone := s.during == nil
+	sent := make([]time.Time, s.messages)
 	for i := 0; i < s.messages; i++ {
 		<-tick.C
+		sent[i] = time.Now()
 		pub.MustSend(t, &paho.Publish{Topic: "jobs/" + s.group + "/" + strconv.Itoa(i%7), QoS: 1, Payload: []byte(strconv.Itoa(i))})
 		if !duringDone {
 			if d, _, _, _ := tl.counts(); d >= s.messages/4 {
@@ -253,11 +289,19 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 			}
 		}
 	}
-	for _, name := range []string{"wq_messages_received_total", "wq_messages_settled_total", "wq_overflow_received_total", "wq_ttl_seconds", "wq_max_length", "wq_weight", "wq_messages_in_queue", "agent_actions_total"} {
+	for _, name := range []string{"wq_messages_received_total", "wq_messages_settled_total", "wq_overflow_received_total", "wq_overflow_at_publish_total", "wq_ttl_seconds", "wq_max_length", "wq_weight", "wq_messages_in_queue", "agent_actions_total"} {
 		require.True(t, seen["luffymq_bridge_"+name], "metric %s missing", name)
 	}
 	r := wqResult{sent: s.messages, stats: map[string]bridge.WorkQueueStats{}}
 	r.distinct, r.dups, r.ids, r.bySite = tl.counts()
+	tl.mu.Lock()
+	for seq, site := range tl.firstSite {
+		if site != "berlin" && seq >= 0 && seq < len(sent) {
+			r.spilled = append(r.spilled, tl.firstStart[seq].Sub(sent[seq]))
+		}
+	}
+	tl.mu.Unlock()
+	slices.Sort(r.spilled)
 	for _, name := range wqSites {
 		r.stats[name] = brokers[name].Bridge().WorkQueueStats()[s.group]
 		r.parked += brokers[name].Selection().Redispatch.Parked.Load()
@@ -325,6 +369,32 @@ func TestWorkQueues(t *testing.T) {
 				require.Positive(t, r.stats["tunis"].FromOtherSites)
 				require.Equal(t, r.stats["tunis"].FromOtherSites, r.stats["tunis"].FromSite["berlin"])
 				require.Positive(t, r.bySite["berlin"])
+			},
+		},
+		{
+			// Berlin's one worker takes 200 ms a message, 20 msg/s arrive
+			// and a message may wait 1–2 s (the TTL; the max length is
+			// out of reach) before it overflows:
+			// what Berlin would not start within the TTL leaves for Tunis
+			// when it is published, not after waiting the TTL out.
+			name: "a publish the site would not start within the TTL leaves at once",
+			setup: wqSetup{group: "atpub", workers: map[string][]time.Duration{"berlin": {200 * ms}, "tunis": {20 * ms, 20 * ms}}, messages: 40, rate: 20,
+				ttlPerMember: 2 * time.Second, maxLengthPerMember: 3000},
+			check: func(t *testing.T, r wqResult) {
+				require.Positive(t, r.stats["berlin"].OverflowAtPublish)
+				require.NotEmpty(t, r.spilled, "nothing spilled")
+				require.Less(t, r.spilled[len(r.spilled)/2], 500*ms, "spilled messages waited: %v", r.spilled)
+			},
+		},
+		{
+			// The same with the thesis's rule: what spills waits its TTL.
+			name: "with TTLOverflowOnly a publish waits out its TTL",
+			setup: wqSetup{group: "ttlonly", workers: map[string][]time.Duration{"berlin": {200 * ms}, "tunis": {20 * ms, 20 * ms}}, messages: 40, rate: 20,
+				ttlPerMember: 2 * time.Second, maxLengthPerMember: 3000, ttlOverflowOnly: true},
+			check: func(t *testing.T, r wqResult) {
+				require.Zero(t, r.stats["berlin"].OverflowAtPublish)
+				require.NotEmpty(t, r.spilled, "nothing spilled")
+				require.GreaterOrEqual(t, r.spilled[len(r.spilled)/2], 500*ms, "spilled messages waited: %v", r.spilled)
 			},
 		},
 		{

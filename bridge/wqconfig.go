@@ -99,6 +99,12 @@ type WorkQueueConfig struct {
 	// DeliveryTimeout requeues a message no member took within this long
 	// (10 s).
 	DeliveryTimeout time.Duration
+	// TTLOverflowOnly keeps the thesis's rule: a local publish always
+	// goes to wq.<g> and leaves for the dead-letter exchange only when its
+	// TTL expires. By default a publish that the site's members would not
+	// start within the TTL goes to the dead-letter exchange at once
+	// (overflow at publish, see earlyoverflow.go).
+	TTLOverflowOnly bool
 	// Federation sets the federation links created from configuration
 	// messages (ManagementURL and credentials are taken from above).
 	Federation FederationConfig
@@ -175,6 +181,7 @@ type workGroup struct {
 	name   string // <g>
 	share  string // $share/<g>/<filter>, the scoring and Mochi group key
 	filter string
+	view   overflowView // read by overflow at publish
 }
 
 func (g *workGroup) queue() string { return WorkQueueName(g.name) }

@@ -228,6 +228,7 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		woken = b.wakeChan()
 		members := b.membersOf(g)
 		c := b.cfg.WorkQueue.capacity(members)
+		g.view.setMembers(members, c.TTL, time.Now())
 		if c.Online == 0 || b.wqTrack.count(g.name) >= c.Online*b.cfg.WorkQueue.UnackedPerMember || !hasRoom(members) {
 			if !wait(10 * time.Millisecond) {
 				return nil
@@ -243,11 +244,21 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		if err != nil {
 			return fmt.Errorf("taking from work queue %s: %w", g.queue(), err)
 		}
+		switch {
+		case !ok:
+			g.view.setReady(0, 0)
+		case source == fromOwnOverflow:
+			g.view.setReady(-1, int(d.MessageCount))
+		default:
+			g.view.setReady(int(d.MessageCount), 0)
+		}
 		if !ok {
 			if !wait(idle) {
 				return nil
 			}
-			idle = min(2*idle, 50*time.Millisecond)
+			// Other sites' overflow reaches the intake queue unannounced:
+			// a poll of at most 10 ms bounds its wait here.
+			idle = min(2*idle, 10*time.Millisecond)
 			continue
 		}
 		idle = 5 * time.Millisecond
@@ -356,14 +367,26 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 	st.owner = true
 	c := turn.site
 	inQueue := turn.unacked
-	for _, q := range []string{g.queue(), IntakeQueueName(g.name)} {
+	var ready [2]int
+	for i, q := range []string{g.queue(), IntakeQueueName(g.name)} {
 		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
 		if err != nil {
 			return fmt.Errorf("reading depth of %s: %w", q, err)
 		}
+		ready[i] = info.Messages
 		inQueue += info.Messages
 	}
+	g.view.setReady(ready[0], ready[1])
 	w := weight(c.MaxLength, inQueue)
+	if g.view.takeOverflowed() > 0 {
+		// The members were predicted too busy to start publishes within
+		// the TTL since the last retune: what leaves this site's queue
+		// should not come back to its intake (served first, it would
+		// only push its own queue back), nor should other sites send
+		// their overflow here. Eq. 2.13 cannot say so while eq. 2.12's
+		// max length is far above what the members get through in a TTL.
+		w = 1
+	}
 	inW := w
 	if c.Online == 0 {
 		inW = 0 // nobody here to work on other sites' overflow
@@ -386,6 +409,9 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 			st.strayCheck = time.Now()
 		}
 		st.ring, st.weight = 1-st.ring, w
+	}
+	if st.inWeight != inW && !intakeWeightMatters(st.inWeight, inW) {
+		inW = st.inWeight
 	}
 	if st.inWeight != inW {
 		// Federation mirrors these bindings on the other sites'
@@ -410,6 +436,26 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 	b.wqStates[g.name] = st
 	b.wqMu.Unlock()
 	return nil
+}
+
+// intakeWeightMatters reports whether the intake's weight should move
+// from old to w. Federation carries every rebinding to each other site's
+// dead-letter exchange, and each site's link stops delivering while it
+// unbinds and binds over the WAN: two round trips per change. Measured in
+// luffy-bench sites, wq-balanced: moving the weight at every 1 s retune
+// (eq. 2.12's availability swings as members start and finish messages)
+// added 100–400 ms to what crossed the 120 ms links; weights that never
+// moved cost nothing. So the weight moves only when the site starts or
+// stops taking overflow, or when it at least doubles or halves: the shares
+// it sets are proportions, and smaller changes hardly move them.
+func intakeWeightMatters(old, w int) bool {
+	switch {
+	case old == w:
+		return false
+	case old == 0 || w == 0:
+		return true
+	}
+	return w >= 2*old || 2*w <= old
 }
 
 // moveRingWeight gives the local intake weight w in group g's hash ring,

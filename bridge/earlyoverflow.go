@@ -1,0 +1,146 @@
+package bridge
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/luffymq/luffymq/scoring"
+)
+
+// Overflow at publish.
+//
+// The thesis's rule leaves every local publish in wq.<g> until its TTL
+// expires: at a site that receives more than its members can do, the
+// queue is always about one TTL long, so every message waits about the
+// TTL — those processed locally as well as those that then overflow, which
+// add the network on top. Overflow at publish predicts, when the publish
+// arrives, how long it would wait in wq.<g> before a local member starts
+// it; when that is longer than the TTL it would get, the message goes to
+// the dead-letter exchange at once, as it would after waiting the TTL out,
+// and the queue stays short. The TTL and the dead-letter exchange keep
+// doing their work when the prediction is wrong.
+
+// maxSimulatedMembers bounds the members whose free times predictStart
+// keeps on the stack; a larger group is predicted as a fluid.
+const maxSimulatedMembers = 32
+
+// predictStart estimates how long a message queued now behind ahead
+// others would wait before one of members starts it: each message ahead
+// goes to the online member that frees first, which is then busy one
+// service time longer. The members' predicted waits were read elapsed
+// ago. It stops as soon as the wait exceeds limit (the answer is then
+// some wait above limit). ok is false when an online member has no
+// service estimate yet (the broker has not seen it finish anything), or
+// no member is online: nothing can be predicted.
+func predictStart(members []scoring.MemberSnapshot, elapsed time.Duration, ahead int, limit time.Duration) (wait time.Duration, ok bool) {
+	var free, service [maxSimulatedMembers]time.Duration
+	n := 0
+	var rate float64 // messages per nanosecond, for the fluid model
+	var sumStart float64
+	for _, m := range members {
+		if !m.Online {
+			continue
+		}
+		if m.ServiceEstimate <= 0 {
+			return 0, false
+		}
+		f := max(m.PredictedWait-elapsed, 0)
+		if n < maxSimulatedMembers {
+			free[n], service[n] = f, m.ServiceEstimate
+		}
+		n++
+		rate += 1 / float64(m.ServiceEstimate)
+		sumStart += float64(f) / float64(m.ServiceEstimate)
+	}
+	if n == 0 {
+		return 0, false
+	}
+	if n > maxSimulatedMembers {
+		// The time by which the members, each from its free time, have
+		// started ahead messages between them; members free later than
+		// that take none, which this overestimates slightly.
+		return max(time.Duration(math.Round((float64(ahead)+sumStart)/rate)), 0), true
+	}
+	next := func() int {
+		best := 0
+		for i := 1; i < n; i++ {
+			if free[i] < free[best] {
+				best = i
+			}
+		}
+		return best
+	}
+	for ; ahead > 0; ahead-- {
+		i := next()
+		if free[i] > limit {
+			return free[i], true
+		}
+		free[i] += service[i]
+	}
+	return free[next()], true
+}
+
+// overflowView is what one work group's overflow-at-publish decision
+// reads: the consume loop's latest view of the local members and the
+// estimated number of messages ready in the site's queues (wq.<g> and the
+// intake queue, both served before a new publish).
+type overflowView struct {
+	mu      sync.Mutex
+	members []scoring.MemberSnapshot // as the consume loop last read them
+	seen    time.Time                // when
+	ttl     time.Duration            // eq. 2.12's TTL for those members
+	// readyWork and readyIntake are the ready counts RabbitMQ gave with
+	// the last basic.get (or the retune's reading) of each queue;
+	// readyWork also counts the publishes to wq.<g> since.
+	readyWork, readyIntake int
+	// overflowed counts the publishes sent to the dead-letter exchange
+	// since the retune last asked (takeOverflowed).
+	overflowed int
+}
+
+// setMembers records the members the consume loop just read.
+func (v *overflowView) setMembers(members []scoring.MemberSnapshot, ttl time.Duration, now time.Time) {
+	v.mu.Lock()
+	v.members, v.seen, v.ttl = members, now, ttl
+	v.mu.Unlock()
+}
+
+// setReady records what a basic.get or a depth reading returned.
+func (v *overflowView) setReady(work, intake int) {
+	v.mu.Lock()
+	if work >= 0 {
+		v.readyWork = work
+	}
+	if intake >= 0 {
+		v.readyIntake = intake
+	}
+	v.mu.Unlock()
+}
+
+// decide reports whether a publish arriving now should go to the
+// dead-letter exchange at once: the members would not start it within the
+// TTL. When it stays, it is counted as ready in wq.<g>.
+func (v *overflowView) decide(now time.Time) (overflow bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.members != nil {
+		wait, ok := predictStart(v.members, now.Sub(v.seen), v.readyWork+v.readyIntake, v.ttl)
+		if ok && wait > v.ttl {
+			v.overflowed++
+			return true
+		}
+	}
+	v.readyWork++
+	return false
+}
+
+// takeOverflowed returns how many publishes overflowed at publish since
+// its last call.
+func (v *overflowView) takeOverflowed() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	n := v.overflowed
+	v.overflowed = 0
+	return n
+}
