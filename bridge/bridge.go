@@ -82,6 +82,14 @@
 // once: members drop duplicates by luffymq-message-id, and the bridge drops
 // a message whose ID is already pending or was completed recently.
 //
+// Overflow at publish (earlyoverflow.go): unless
+// WorkQueueConfig.TTLOverflowOnly, a local publish that the broker's
+// members would not start within the queue's TTL — by their predicted
+// waits and the messages ready ahead of it, counted from basic.get's
+// answers — is published to wq.<g>.dlx at once instead of waiting the TTL
+// out in wq.<g>; while that happens the local intake's weight in the
+// site's own wq.<g>.dlx drops to 1.
+//
 // Overflow. Every site retunes (through one of its brokers, see below),
 // each RetuneInterval, the policy luffymq-wq:wq.<g> (message-ttl,
 // max-length, overflow drop-head, dead-letter-exchange wq.<g>.dlx) by eq.
@@ -98,7 +106,9 @@
 // its own wq.<g>.in with the same weight while it has online members;
 // federation mirrors that binding onto the upstream's wq.<g>.dlx, so the
 // upstream hashes overflow to each site in proportion to its spare
-// capacity. Intake queues have no TTL and are never dead-lettered, so a
+// capacity. Each rebinding stalls every link into the site for two round
+// trips, so this weight moves only when it at least doubles or halves, or
+// goes to or from 0 (intakeWeightMatters). Intake queues have no TTL and are never dead-lettered, so a
 // message crosses sites at most once: no loop, no federation max-hops
 // drop, no dead-letter cycle. Both hash exchanges have the local ring
 // exchange as alternate exchange, so what the ring cannot route (while a

@@ -378,18 +378,20 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 	}
 	g.view.setReady(ready[0], ready[1])
 	w := weight(c.MaxLength, inQueue)
-	if g.view.takeOverflowed() > 0 {
-		// The members were predicted too busy to start publishes within
-		// the TTL since the last retune: what leaves this site's queue
-		// should not come back to its intake (served first, it would
-		// only push its own queue back), nor should other sites send
-		// their overflow here. Eq. 2.13 cannot say so while eq. 2.12's
-		// max length is far above what the members get through in a TTL.
-		w = 1
-	}
 	inW := w
 	if c.Online == 0 {
 		inW = 0 // nobody here to work on other sites' overflow
+	}
+	if g.view.takeOverflowed() > 0 {
+		// The members were predicted too busy to start publishes within
+		// the TTL since the last retune: what leaves this site's queue
+		// should not come back to its intake, where it would be served
+		// first and push the queue back. Eq. 2.13 cannot say so while
+		// eq. 2.12's max length is far above what the members get through
+		// in a TTL. Only the local ring's weight drops: the intake weight
+		// that other sites see would flap with every quiet retune, and
+		// each move stalls the links into this site.
+		w = 1
 	}
 	if st.maxLength != c.MaxLength || st.ttl != c.TTL {
 		if err := b.putWorkPolicy(g.name, c.MaxLength, c.TTL); err != nil {
