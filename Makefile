@@ -5,7 +5,7 @@ BIN       := bin
 PKGS      := ./...
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: run build test test-short lint fmt deps fuzz bench soak demo-multisite clean bench-sites
+.PHONY: run build test test-short lint fmt deps fuzz bench soak demo-multisite clean bench-sites bench-sites-1x
 
 ## run: build and start luffymq with defaults (MQTT 127.0.0.1:1883, HTTP 127.0.0.1:8080, strategy adaptive)
 run: build
@@ -97,6 +97,14 @@ SITES_ARGS ?=
 bench-sites: deps
 	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench ./cmd/luffy-controller
 	./$(BIN)/luffy-bench sites --luffymq $(BIN)/luffymq --luffy-controller $(BIN)/luffy-controller --out $(SITES_OUT) $(SITES_ARGS)
+
+## bench-sites-1x: wq-balanced at the thesis's own time scale (consumers take 1 s, producers 1 msg/s, 60 s of
+##   publishing; about 6 min), where the WAN's delays are small against the service time: into SITES_1X_OUT.
+SITES_1X_OUT ?= bench/results/sites-1x
+bench-sites-1x: deps
+	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench ./cmd/luffy-controller
+	./$(BIN)/luffy-bench sites --luffymq $(BIN)/luffymq --luffy-controller $(BIN)/luffy-controller --out $(SITES_1X_OUT) \
+		--scenario wq-balanced --service 1s --rate 1 --wq-duration 60s
 
 ## demo-multisite: three sites (real RabbitMQ nodes + luffymq each) joined over emulated WAN links
 demo-multisite: deps

@@ -249,6 +249,10 @@ func (c SitesConfig) validate() error {
 // TimeScale states how the run's time relates to the thesis's.
 func (c SitesConfig) TimeScale() string {
 	f := float64(time.Second) / float64(c.ServiceTime)
+	if f == 1 {
+		return fmt.Sprintf("at the thesis's own time scale: consumers take %s per message, producers send %s msg/s, the reconfiguration period is %s (the thesis used 2 min), %s; one-way delays of scenarios.md §C",
+			c.ServiceTime, trimFloat(c.ProducerRate), c.ReconfigPeriod, c.describeWQ())
+	}
 	return fmt.Sprintf("time scaled %s× down from the thesis: consumers take %s per message instead of 1 s, producers send %s msg/s instead of %s, the reconfiguration period is %s instead of 30 s (benchmark setting of issue 8; the thesis used 2 min), %s; network delays are not scaled (one-way delays of scenarios.md §C)",
 		trimFloat(f), c.ServiceTime, trimFloat(c.ProducerRate), trimFloat(c.ProducerRate/f), c.ReconfigPeriod, c.describeWQ())
 }

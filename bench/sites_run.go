@@ -435,7 +435,7 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 		if err := r.env.waitLinks(ctx, n*(n-1), 60*time.Second); err != nil {
 			return err
 		}
-		run.Clients = "MQTT v5 (paho.golang) to the site's luffymq: one QoS 1 producer per site, members of $share/jobs/jobs/# that acknowledge after processing; luffymq bridges to wq.jobs on the site's RabbitMQ, overflow by TTL / max length into the consistent-hash exchange, intake federated from every other site (configuration messages through luffymq.config.<site>)"
+		run.Clients = "MQTT v5 (paho.golang) to the site's luffymq: one QoS 1 producer per site, members of $share/jobs/jobs/# that acknowledge after processing; luffymq bridges to wq.jobs on the site's RabbitMQ, overflow into the consistent-hash exchange at publish (when the local members would not start the message within the queue's TTL) or by TTL / max length, intake federated from every other site (configuration messages through luffymq.config.<site>)"
 	case ArchQueueFederation:
 		for _, s := range w.Sites {
 			if err := declareAMQP(r.env.node(s).AMQPURL(), []string{queue}, nil); err != nil {

@@ -367,6 +367,10 @@ func TestSitesConfigValidation(t *testing.T) {
 	require.Contains(t, c.TimeScale(), "10× down")
 	require.Contains(t, c.TimeScale(), "100ms per message instead of 1 s")
 	require.Contains(t, c.TimeScale(), "10 msg/s instead of 1")
+	thesis := c
+	thesis.ServiceTime, thesis.ProducerRate = time.Second, 1
+	require.Contains(t, thesis.TimeScale(), "at the thesis's own time scale: consumers take 1s per message, producers send 1 msg/s")
+	require.NotContains(t, thesis.TimeScale(), "down from the thesis")
 	require.Equal(t, []string{ArchLuffyMQ, ArchCloud}, SitesConfig{Architectures: []string{ArchCloud, ArchLuffyMQ}}.sitesRunsFor(SitesPSB))
 
 	// luffymq's work-queue constants: the TTL divided by the time scale,

@@ -137,3 +137,12 @@ func BenchmarkOverflowDecide(b *testing.B) {
 		v.decide(now)
 	}
 }
+
+func TestIntakePollInterval(t *testing.T) {
+	if got := intakePollInterval(time.Second); got != 10*time.Millisecond {
+		t.Errorf("right after intake traffic: %v, want 10ms", got)
+	}
+	if got := intakePollInterval(time.Minute); got != 50*time.Millisecond {
+		t.Errorf("after a quiet minute: %v, want 50ms", got)
+	}
+}
