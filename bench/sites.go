@@ -147,13 +147,14 @@ const (
 	flagWQMaxLength = "--wq-max-length-per-member"
 	flagWQUnacked   = "--wq-unacked-per-member"
 	flagWQRetune    = "--wq-retune-interval"
+	flagWQTTLOnly   = "--wq-ttl-overflow-only"
 )
 
 // errWQFlagsUnsupported reports a luffymq binary without the work-queue
 // flags.
 func errWQFlagsUnsupported(bin string) error {
 	var missing []string
-	for f, ok := range luffyMQFlags(bin, flagWQTTL, flagWQMaxLength, flagWQUnacked, flagWQRetune) {
+	for f, ok := range luffyMQFlags(bin, flagWQTTL, flagWQMaxLength, flagWQUnacked, flagWQRetune, flagWQTTLOnly) {
 		if !ok {
 			missing = append(missing, f)
 		}
@@ -535,6 +536,8 @@ func wqNote(cfg SitesConfig) string {
 	} else {
 		note += fmt.Sprintf(" The policy and weights are retuned every %s (the default is %s).", fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval))
 	}
+	note += " luffymq overflows at publish (a message its site's members would not start within the TTL goes to the dead-letter exchange at once); " +
+		ArchLuffyMQTTLOnly + " is the same brokers with " + flagWQTTLOnly + ", the thesis's rule: a message leaves wq.jobs only when its TTL expires or the queue is full."
 	return note
 }
 

@@ -15,6 +15,7 @@ import (
 // archColors gives every architecture the same colour in every plot.
 var archColors = map[string]color.Color{
 	ArchLuffyMQ:          palette[0],
+	ArchLuffyMQTTLOnly:   palette[5],
 	ArchFullMesh:         palette[2],
 	ArchQueueFederation:  palette[2],
 	ArchStar:             palette[4],

@@ -378,11 +378,15 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 	setupBegan := time.Now()
 	cloud := -1
 	switch run.Architecture {
-	case ArchLuffyMQ:
+	case ArchLuffyMQ, ArchLuffyMQTTLOnly:
 		share := "$share/" + wqGroup + "/" + wqGroup + "/#"
 		brokers := make([]*siteBroker, n)
+		args := []string{"--export-group", share}
+		if run.Architecture == ArchLuffyMQTTLOnly {
+			args = append(args, flagWQTTLOnly)
+		}
 		for i, s := range w.Sites {
-			b, err := r.env.startSiteBroker(ctx, s, logName(run), "--export-group", share)
+			b, err := r.env.startSiteBroker(ctx, s, logName(run), args...)
 			if err != nil {
 				return err
 			}

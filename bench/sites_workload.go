@@ -42,6 +42,10 @@ const (
 	// exchange placed by placement.Improved, work queues with LuffyMQ
 	// overflow.
 	ArchLuffyMQ = "luffymq"
+	// ArchLuffyMQTTLOnly: the same with --wq-ttl-overflow-only, the
+	// thesis's overflow rule (a message leaves wq.<g> only when its TTL
+	// expires or the queue is full), measured beside overflow at publish.
+	ArchLuffyMQTTLOnly = "luffymq-ttl-only"
 	// ArchQueueFederation: plain RabbitMQ, queue federation in a full mesh,
 	// AMQP clients.
 	ArchQueueFederation = "queue-federation"
@@ -72,7 +76,7 @@ const (
 func sitesArchitectures(scenario string) []string {
 	switch scenario {
 	case SitesWQLocal, SitesWQBalanced:
-		return []string{ArchLuffyMQ, ArchQueueFederation, ArchCloud, ArchCloudDist}
+		return []string{ArchLuffyMQ, ArchLuffyMQTTLOnly, ArchQueueFederation, ArchCloud, ArchCloudDist}
 	case SitesReconfig:
 		return []string{ArchReconfigConserve, ArchReconfigDiscard}
 	}
