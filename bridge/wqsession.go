@@ -367,6 +367,7 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 		// Another broker of the site retunes the group from the site's
 		// sum; this one only takes messages at its members' capacity.
 		st.owner, st.online = false, own.Online
+		g.view.takeOverflowed() // weights are the owner's; should this broker become it, it starts afresh
 		b.wqMu.Lock()
 		b.wqStates[g.name] = st
 		b.wqMu.Unlock()
