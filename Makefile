@@ -51,6 +51,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzConnRead$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
 	$(GO) test -run '^$$' -fuzz '^FuzzConnReadMalformedLength$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
 	$(GO) test -run '^$$' -fuzz '^FuzzHeldPacketsMatchPassthrough$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
+	$(GO) test -run '^$$' -fuzz '^FuzzPublishPacketID$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
 	$(GO) test -run '^$$' -fuzz '^FuzzTopicMapping$$' -fuzztime $(FUZZTIME) ./bridge/
 	$(GO) test -run '^$$' -fuzz '^FuzzConfigMessage$$' -fuzztime $(FUZZTIME) ./bridge/
 	$(GO) test -run '^$$' -fuzz '^FuzzBridgeConfig$$' -fuzztime $(FUZZTIME) ./bridge/
