@@ -129,7 +129,7 @@ const (
 )
 
 // LuffyStrategies are the luffymq strategies benchmarked, in report order.
-var LuffyStrategies = []string{"adaptive", "adaptive-hold", "thesis", "round-robin", "random", "sticky", "hash-clientid", "hash-topic"}
+var LuffyStrategies = []string{"adaptive", "adaptive-hold", "thesis", "round-robin", "random", "sticky", "jsq", "power-of-two", "hash-clientid", "hash-topic"}
 
 // SystemAdaptiveHold is adaptive with late binding: it holds messages at
 // the broker on purpose.
