@@ -1,7 +1,9 @@
 // Package docs holds LuffyMQ's guides. Its tests check the README and
 // every guide: each command runs as written (every flag it gives exists,
-// every make target it names is in the Makefile), each relative link
-// resolves, headings do not skip a level, and the README stays short.
+// every make target it names is in the Makefile), the operating guide's
+// flag table lists exactly luffymq's flags, each relative link resolves,
+// headings do not skip a level, the README stays short, and the generated
+// benchmark sections are what make bench wrote.
 package docs
 
 import (
@@ -481,4 +483,34 @@ func TestGeneratedBenchmarkSectionsAreUpToDate(t *testing.T) {
 		}
 		require.Len(t, have, len(gen), "%s: the generated section's length differs from bench/results/summary.md's; run scripts/update-bench-readme.sh", name)
 	}
+}
+
+// flagRow matches a row of the operating guide's flag table; its first
+// cell names one or more flags.
+var flagRow = regexp.MustCompile("^\\| (`--[^|]*)\\|")
+
+// flagName matches a flag named in code: `--name`.
+var flagName = regexp.MustCompile("`--([a-z0-9-]+)`")
+
+// TestOperatingGuideListsEveryLuffyMQFlag: the flag table of
+// docs/operating.md names exactly the flags luffymq has, so a new flag
+// cannot go undocumented and a removed one cannot stay.
+func TestOperatingGuideListsEveryLuffyMQFlag(t *testing.T) {
+	b, err := os.ReadFile("operating.md")
+	require.NoError(t, err)
+	documented := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if m := flagRow.FindStringSubmatch(l); m != nil {
+			for _, f := range flagName.FindAllStringSubmatch(m[1], -1) {
+				documented[f[1]] = true
+			}
+		}
+	}
+	real := map[string]bool{}
+	for name := range (commandFlags{}).of(t, "luffymq") {
+		if name != "help" && name != "h" {
+			real[name] = true
+		}
+	}
+	require.Equal(t, real, documented, "docs/operating.md's flag table against luffymq --help")
 }
