@@ -192,7 +192,7 @@ func thesisScore(m *member, now, groupMean time.Duration) time.Duration {
 // other member is available, hold at most NewcomerCap messages until their
 // first measurement; one still silent after its oldest message ran longer
 // than that median is taken to be slower (halfway through that message).
-// Groups larger than 8 members compare a random sample, so one selection
+// Groups larger than 16 members compare a random sample of 16, so one selection
 // stays O(1).
 type adaptiveStrategy struct{}
 
