@@ -111,35 +111,31 @@ func (o *DeliveryOrder) Restore(clientID string, packetID uint16, seq uint64) {
 // Seq returns the sequence number of clientID's current delivery under
 // packetID.
 func (o *DeliveryOrder) Seq(clientID string, packetID uint16) (uint64, bool) {
-	c := o.client(clientID, false)
-	if c == nil {
-		return 0, false
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i := len(c.entries) - 1; i >= c.head; i-- {
-		if e := c.entries[i]; e.packetID == packetID && e.seq != 0 {
-			return e.seq, true
-		}
-	}
-	return 0, false
+	e, ok := o.newest(clientID, func(e deliveryEntry) bool { return e.packetID == packetID })
+	return e.seq, ok
 }
 
 // LastPacketID returns the packet identifier of clientID's newest
 // unacknowledged delivery.
 func (o *DeliveryOrder) LastPacketID(clientID string) (uint16, bool) {
+	e, ok := o.newest(clientID, func(deliveryEntry) bool { return true })
+	return e.packetID, ok
+}
+
+// newest returns clientID's newest current delivery that match accepts.
+func (o *DeliveryOrder) newest(clientID string, match func(deliveryEntry) bool) (deliveryEntry, bool) {
 	c := o.client(clientID, false)
 	if c == nil {
-		return 0, false
+		return deliveryEntry{}, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := len(c.entries) - 1; i >= c.head; i-- {
-		if c.entries[i].seq != 0 {
-			return c.entries[i].packetID, true
+		if e := c.entries[i]; e.seq != 0 && match(e) {
+			return e, true
 		}
 	}
-	return 0, false
+	return deliveryEntry{}, false
 }
 
 // Ended records that clientID's delivery under packetID ended
