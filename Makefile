@@ -66,7 +66,7 @@ fuzz:
 ## bench: representative benchmarks (about 15-20 min on 2 cores) into bench/results/, then refresh the README section:
 ##   thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, and throughput (3 runs, medians)
 BENCH_OUT     ?= bench/results
-BENCH_SYSTEMS ?= adaptive,adaptive-hold,thesis,jsq,power-of-two,round-robin,mosquitto,oracle
+BENCH_SYSTEMS ?= adaptive,adaptive-hold,thesis,jsq,power-of-two,round-robin,mosquitto,live-oracle,oracle
 BENCH_KINDS   ?= thesis-reporter,timer-reporter,paho-qos1-ackafter
 BENCH_RUN      = ./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT)
 bench:

@@ -27,11 +27,14 @@ type mochiBroker struct {
 }
 
 // startVanillaMochi starts vanilla Mochi MQTT listening on addr (host:port;
-// port 0 picks a free one). Its log goes to logger.
-func startVanillaMochi(addr string, logger *slog.Logger) (*mochiBroker, error) {
+// port 0 picks a free one), with extra hooks if any (the live oracle's).
+// Its log goes to logger.
+func startVanillaMochi(addr string, logger *slog.Logger, extra ...mqtt.Hook) (*mochiBroker, error) {
 	server := mqtt.New(&mqtt.Options{InlineClient: false, Logger: logger})
-	if err := server.AddHook(new(auth.AllowHook), nil); err != nil {
-		return nil, fmt.Errorf("mochi: %w", err)
+	for _, h := range append([]mqtt.Hook{new(auth.AllowHook)}, extra...) {
+		if err := server.AddHook(h, nil); err != nil {
+			return nil, fmt.Errorf("mochi: %w", err)
+		}
 	}
 	tcp := listeners.NewTCP(listeners.Config{ID: "bench", Address: addr})
 	if err := server.AddListener(tcp); err != nil {

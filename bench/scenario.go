@@ -259,7 +259,7 @@ func AllSystems() []string {
 	for _, s := range LuffyStrategies {
 		out = append(out, "luffymq-"+s)
 	}
-	return append(out, SystemMosquitto, SystemMochi, SystemOracle)
+	return append(out, SystemMosquitto, SystemMochi, SystemLiveOracle, SystemOracle)
 }
 
 // ParseSystems turns a comma-separated list (strategy names may omit the

@@ -210,6 +210,9 @@ type liveRun struct {
 	s     Scenario
 	trace []time.Duration
 
+	workersMu sync.Mutex
+	workers   []*memberWorker // by member index, once created
+
 	mu   sync.Mutex
 	t0   time.Time
 	ds   []Delivery
@@ -235,10 +238,41 @@ func (lr *liveRun) note(format string, a ...any) {
 // schedule (clientsdk.ServiceEmulator) and records their dequeue times.
 // One goroutine uses it at a time: the member's single worker.
 type memberWorker struct {
-	run     *liveRun
-	i       int
-	emu     *clientsdk.ServiceEmulator
+	run *liveRun
+	i   int
+	emu *clientsdk.ServiceEmulator
+
+	// mu guards what the live oracle reads from the broker's goroutines:
+	// the end of the last service, and the work booked for the member by
+	// the live oracle and not yet started (per message, and its sum).
+	mu      sync.Mutex
 	lastEnd time.Time
+	booked  map[int]time.Duration
+	pending time.Duration
+}
+
+// predictedStart returns when the member would start a message handed to
+// it at now: after its current service and the work booked before.
+func (w *memberWorker) predictedStart(now time.Time) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	start := now
+	if w.lastEnd.After(start) {
+		start = w.lastEnd
+	}
+	return start.Add(w.pending)
+}
+
+// book records message seq as sent to the member, to start at start.
+func (w *memberWorker) book(seq int, start time.Time) {
+	d := w.run.s.ServiceTime(w.i, seq, start.Sub(w.run.base()))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.booked == nil {
+		w.booked = make(map[int]time.Duration)
+	}
+	w.booked[seq] = d
+	w.pending += d
 }
 
 // serve processes the message with payload, which became ready (was
@@ -250,13 +284,22 @@ func (w *memberWorker) serve(ctx context.Context, payload []byte, ready time.Tim
 		return 0, nil
 	}
 	base := w.run.base()
+	w.mu.Lock()
 	start := ready
 	if w.lastEnd.After(start) {
 		start = w.lastEnd
 	}
 	d := w.run.s.ServiceTime(w.i, seq, start.Sub(base))
+	if b, ok := w.booked[seq]; ok {
+		delete(w.booked, seq)
+		w.pending -= b
+	}
+	w.lastEnd = start.Add(d)
+	w.mu.Unlock()
 	vstart, err := w.emu.Serve(ctx, ready, d)
+	w.mu.Lock()
 	w.lastEnd = vstart.Add(d)
+	w.mu.Unlock()
 	// The publish time is the scheduled one: if the broker holds the
 	// publisher back, that wait is part of the latency.
 	sent := sentAt.Sub(base)
@@ -338,7 +381,11 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 	runID := hex.EncodeToString(tag[:])
 	topic := fmt.Sprintf("bench/%s/%s", s.ID, runID)
 
-	lr := &liveRun{s: s, trace: trace, dead: make([]bool, len(s.Members))}
+	lr := &liveRun{s: s, trace: trace, dead: make([]bool, len(s.Members)), workers: make([]*memberWorker, len(s.Members))}
+	memberIDPrefix := fmt.Sprintf("bench-%s-m", runID)
+	if lo, ok := br.(interface{ attach(*liveRun, string) }); ok {
+		lo.attach(lr, memberIDPrefix) // the live oracle routes on this run's members
+	}
 	var (
 		membersMu sync.Mutex
 		members   = make([]liveMember, len(s.Members))
@@ -360,7 +407,8 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 			addr = p.Addr()
 		}
 		w := &memberWorker{run: lr, i: i, emu: &clientsdk.ServiceEmulator{Lanes: 1, Seed: seed + uint64(i)}}
-		clientID := fmt.Sprintf("bench-%s-m%d", runID, i+1)
+		lr.setWorker(i, w)
+		clientID := fmt.Sprintf("%s%d", memberIDPrefix, i+1)
 		mlog := logger.With("member", i+1, "kind", kind)
 		if kind != KindSDK {
 			return newPahoMember(pahoMemberConfig{Kind: kind, Addr: addr, ClientID: clientID, Filter: "$share/g/" + topic,
@@ -623,4 +671,27 @@ func countDistinct(ds []Delivery) int {
 		seen[d.Seq] = struct{}{}
 	}
 	return len(seen)
+}
+
+func (lr *liveRun) setWorker(i int, w *memberWorker) {
+	lr.workersMu.Lock()
+	defer lr.workersMu.Unlock()
+	lr.workers[i] = w
+}
+
+// worker returns member i's worker, or nil if it has none yet or was
+// killed.
+func (lr *liveRun) worker(i int) *memberWorker {
+	if i < 0 || i >= len(lr.workers) {
+		return nil
+	}
+	lr.mu.Lock()
+	dead := lr.dead[i]
+	lr.mu.Unlock()
+	if dead {
+		return nil
+	}
+	lr.workersMu.Lock()
+	defer lr.workersMu.Unlock()
+	return lr.workers[i]
 }

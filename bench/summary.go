@@ -347,10 +347,18 @@ func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 			} else {
 				notMeasured(l+": adaptive mean within 2× of the "+OracleName, "oracle not run")
 			}
+			if lo := findAgg(aggs, SystemLiveOracle); lo != nil {
+				r := Ratio(m, lo.Overall.Mean)
+				gs = append(gs, goal{l + ": adaptive mean ≤ 2× the live oracle's", metIf(r <= 2),
+					fmt.Sprintf("adaptive %s ms ÷ live oracle %s ms = %s", fmtMs(m), fmtMs(lo.Overall.Mean), fmtRatio(r))})
+			} else {
+				notMeasured(l+": adaptive mean ≤ 2× the live oracle's", "live-oracle not run")
+			}
 		}
 	} else {
 		notMeasured("thesis-2 goals", "scenario not run")
 	}
+	gs = append(gs, fleetGoals(byScenario)...)
 	if byKind, ok := byScenario["thesis-1"]; ok {
 		for _, kind := range sortedKinds(byKind) {
 			aggs := byKind[kind]
@@ -672,4 +680,47 @@ func scenarioPlots(id, kind string) []plotRef {
 		out = append(out, plotRef{plotFile(id, kind, "adaptation"), fmt.Sprintf("%s, %s subscribers: rolling p99 over time", id, kind)})
 	}
 	return out
+}
+
+// fleetGoals are issue 23's goals for the fleet scenarios that ran
+// (uneven members, Poisson arrivals): at ρ ≤ 0.85, adaptive's mean within
+// 1.3× the live oracle's for members that acknowledge after processing or
+// report every 200 ms, 2× for reporters on a 1 s timer; and never worse
+// than join-the-shortest-queue or the thesis score in the same run.
+func fleetGoals(byScenario map[string]map[string][]aggregate) []goal {
+	var ids []string
+	for id := range byScenario {
+		if strings.HasPrefix(id, "fleet-") && !strings.Contains(id, "rho95") {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	var gs []goal
+	for _, id := range ids {
+		for _, kind := range sortedKinds(byScenario[id]) {
+			aggs := byScenario[id][kind]
+			l := fmt.Sprintf("%s (%s subscribers)", id, kind)
+			ad := findAgg(aggs, "luffymq-adaptive")
+			if ad == nil {
+				continue
+			}
+			m := ad.Overall.Mean
+			if lo := findAgg(aggs, SystemLiveOracle); lo != nil {
+				bound := 1.3
+				if kind == KindThesisReporter || kind == KindTimerReporter {
+					bound = 2 // reports every 1 s
+				}
+				r := Ratio(m, lo.Overall.Mean)
+				gs = append(gs, goal{fmt.Sprintf("%s: adaptive mean ≤ %.1f× the live oracle's", l, bound), metIf(r <= bound),
+					fmt.Sprintf("adaptive %s ms ÷ live oracle %s ms = %s (median of %d runs)", fmtMs(m), fmtMs(lo.Overall.Mean), fmtRatio(r), ad.Runs)})
+			}
+			for _, peer := range []string{"luffymq-jsq", "luffymq-thesis"} {
+				if p := findAgg(aggs, peer); p != nil {
+					gs = append(gs, goal{fmt.Sprintf("%s: adaptive mean ≤ %s's", l, strings.TrimPrefix(peer, "luffymq-")), metIf(m <= p.Overall.Mean),
+						fmt.Sprintf("adaptive %s ms, %s %s ms", fmtMs(m), strings.TrimPrefix(peer, "luffymq-"), fmtMs(p.Overall.Mean))})
+				}
+			}
+		}
+	}
+	return gs
 }

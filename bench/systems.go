@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -73,6 +74,17 @@ func (b brokerStarter) start(ctx context.Context, system string, reportInterval 
 		}
 		p.cleanup = func() { _ = os.RemoveAll(dir) }
 		return p, nil
+	case system == SystemLiveOracle:
+		logFile, err := os.Create(filepath.Join(b.LogDir, logName+".broker.log"))
+		if err != nil {
+			return nil, fmt.Errorf("live oracle log: %w", err)
+		}
+		br, err := startLiveOracle(slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		if err != nil {
+			_ = logFile.Close()
+			return nil, err
+		}
+		return closingWith{br, logFile.Close}, nil
 	case system == SystemMochi:
 		if b.Self == "" {
 			return nil, errors.New("mochi: the path of the luffy-bench executable is unknown")
@@ -257,3 +269,12 @@ func buildLuffyMQ(ctx context.Context, dir string) (string, error) {
 	}
 	return bin, nil
 }
+
+// closingWith is a running broker that also closes something of its own
+// (the in-process live oracle's log file) when it stops.
+type closingWith struct {
+	*liveOracleBroker
+	also func() error
+}
+
+func (c closingWith) Close() error { return errors.Join(c.liveOracleBroker.Close(), c.also()) }
