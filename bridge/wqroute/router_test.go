@@ -1,0 +1,142 @@
+package wqroute
+
+import (
+	"testing"
+	"time"
+)
+
+const ms = time.Millisecond
+
+var t0 = time.Unix(1_000_000, 0)
+
+// stateAt is site's state sent at sent with members of the given waits,
+// each 100 ms a message.
+func stateAt(site string, sent time.Time, intake int, waits ...time.Duration) State {
+	st := State{Site: site, Broker: site + "-1", Sent: sent.UnixNano(), Intake: intake}
+	for _, w := range waits {
+		st.Members = append(st.Members, MemberState{Wait: w, Service: 100 * ms})
+	}
+	return st
+}
+
+func TestRouteNearestIdleWins(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	r.Observe(stateAt("far", t0, 0, 0), t0.Add(120*ms))
+	c := r.Route(t0.Add(120*ms), 300*ms)
+	if c.Site != "near" || c.Start != 20*ms || !c.Fresh {
+		t.Fatalf("Route = %+v, want near at 20ms", c)
+	}
+}
+
+func TestRouteFarIdleBeatsNearBusy(t *testing.T) {
+	r := NewRouter(Config{})
+	// The near site's only member is busy for 400 ms more when the state
+	// is taken; the far one is idle.
+	r.Observe(stateAt("near", t0, 0, 400*ms), t0.Add(20*ms))
+	r.Observe(stateAt("far", t0, 0, 0), t0.Add(120*ms))
+	c := r.Route(t0.Add(120*ms), time.Second)
+	if c.Site != "far" || c.Start != 120*ms {
+		t.Fatalf("Route = %+v, want far at 120ms", c)
+	}
+}
+
+func TestRouteLocalWhenSooner(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	if c := r.Route(t0.Add(20*ms), 19*ms); c.Site != "" || !c.Fresh {
+		t.Fatalf("Route = %+v, want local (fresh)", c)
+	}
+	// A tie stays local too.
+	if c := r.Route(t0.Add(20*ms), 20*ms); c.Site != "" {
+		t.Fatalf("Route on a tie = %+v, want local", c)
+	}
+}
+
+// Each message sent to a site waits behind those booked there before it:
+// one idle member of 100 ms at 20 ms takes the first at 20 ms, the second
+// at 120 ms; with a local wait of 100 ms the second stays.
+func TestRouteBooksWhatItSent(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	now := t0.Add(20 * ms)
+	if c := r.Route(now, 100*ms); c.Site != "near" {
+		t.Fatalf("first Route = %+v, want near", c)
+	}
+	if c := r.Route(now, 100*ms); c.Site != "" || c.Start != 100*ms {
+		t.Fatalf("second Route = %+v, want local", c)
+	}
+	// The next state, sent after the booked message arrived there,
+	// counts it (the member is busy with it): the booking is dropped.
+	r.Observe(stateAt("near", now.Add(40*ms), 0, 80*ms), now.Add(60*ms))
+	if n := r.find("near").bookedLength; n != 0 {
+		t.Fatalf("booked after a state that shows the message = %d, want 0", n)
+	}
+	// A state sent before the message got there leaves it booked.
+	r.Route(now.Add(60*ms), time.Second)
+	r.Observe(stateAt("near", now.Add(70*ms), 0, 50*ms), now.Add(90*ms))
+	if n := r.find("near").bookedLength; n != 1 {
+		t.Fatalf("booked after a state taken before the message arrived = %d, want 1", n)
+	}
+}
+
+func TestRouteIntakeCountsAhead(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("near", t0, 3, 0), t0.Add(20*ms))
+	c := r.Route(t0.Add(20*ms), time.Second)
+	// Three ahead on one 100 ms member: it starts at 20 + 300 ms.
+	if c.Site != "near" || c.Start != 320*ms {
+		t.Fatalf("Route = %+v, want near at 320ms", c)
+	}
+}
+
+func TestRouteStaleAndUnpredictableAreIgnored(t *testing.T) {
+	r := NewRouter(Config{StaleAfter: time.Second})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	if c := r.Route(t0.Add(1100*ms), time.Second); c.Site != "" || c.Fresh {
+		t.Fatalf("Route with a stale state = %+v, want no fresh state", c)
+	}
+	// A site with a member whose service time is unknown (it acknowledges
+	// on receipt) cannot be predicted.
+	st := stateAt("receipt", t0.Add(time.Second), 0, 0)
+	st.Members = append(st.Members, MemberState{})
+	r.Observe(st, t0.Add(1100*ms))
+	if c := r.Route(t0.Add(1100*ms), time.Second); c.Site != "" || c.Fresh {
+		t.Fatalf("Route with an unpredictable site = %+v, want no fresh state", c)
+	}
+}
+
+// The one-way delay is the least (arrival − send) seen: one state held up
+// by 200 ms does not make the site look far.
+func TestRouteDelayIsTheLeastSeen(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	r.Observe(stateAt("near", t0.Add(100*ms), 0, 0), t0.Add(300*ms))
+	if d := r.find("near").delay; d != 20*ms {
+		t.Fatalf("delay = %v, want 20ms", d)
+	}
+	// An older state arriving late changes nothing.
+	r.Observe(stateAt("near", t0.Add(50*ms), 5, 0), t0.Add(310*ms))
+	if s := r.find("near"); s.intake != 0 {
+		t.Fatalf("intake = %d after an older state, want 0", s.intake)
+	}
+}
+
+// BenchmarkRoute is the per-publish cost with four other sites of eight
+// busy members each: it must not allocate.
+func BenchmarkRoute(b *testing.B) {
+	r := NewRouter(Config{})
+	now := t0
+	for i, name := range []string{"a", "b", "c", "d"} {
+		waits := make([]time.Duration, 8)
+		for k := range waits {
+			waits[k] = time.Duration(k*10+i) * ms
+		}
+		r.Observe(stateAt(name, now, 2, waits...), now.Add(time.Duration(20*(i+1))*ms))
+	}
+	now = now.Add(100 * ms)
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Route(now, 150*ms)
+	}
+}
