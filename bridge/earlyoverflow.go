@@ -37,6 +37,15 @@ type overflowView struct {
 	// overflowed counts the publishes sent to the dead-letter exchange
 	// since the retune last asked (takeOverflowed).
 	overflowed int
+	// taken counts the messages the consume loop took from RabbitMQ.
+	taken uint64
+}
+
+// took counts a message the consume loop took from RabbitMQ.
+func (v *overflowView) took() {
+	v.mu.Lock()
+	v.taken++
+	v.mu.Unlock()
 }
 
 // setMembers records the members the consume loop just read.
@@ -58,21 +67,67 @@ func (v *overflowView) setReady(work, intake int) {
 	v.mu.Unlock()
 }
 
-// decide reports whether a publish arriving now should go to the
-// dead-letter exchange at once: the members would not start it within the
-// TTL. When it stays, it is counted as ready in wq.<g>.
-func (v *overflowView) decide(now time.Time) (overflow bool) {
+// maxLocalPrediction bounds how far the local wait is predicted when
+// compared with other sites': their starts are rarely seconds away.
+const maxLocalPrediction = 10 * time.Second
+
+// decision is where a local publish goes.
+type decision struct {
+	// site is the other site it goes to straight away (RouteNearest).
+	site string
+	// overflow sends it to the dead-letter exchange at once.
+	overflow bool
+}
+
+// decide says where a publish arriving now goes. With router (the other
+// sites' states, RouteNearest) and a fresh state from some site, it goes
+// to whichever site, this one included, would start it soonest. Otherwise
+// it goes to the dead-letter exchange at once when the local members
+// would not start it within the TTL. When it stays, it is counted as ready
+// in wq.<g>. Members without a service estimate (they acknowledge on
+// receipt, or have finished nothing yet) cannot be predicted: the publish
+// stays, and the TTL decides, as in the thesis.
+func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.members != nil {
-		wait, ok := wqroute.PredictStart(v.members, now.Sub(v.seen), v.readyWork+v.readyIntake, v.ttl)
+		limit := v.ttl
+		if router != nil {
+			limit = max(limit, maxLocalPrediction)
+		}
+		wait, ok := wqroute.PredictStart(v.members, now.Sub(v.seen), v.readyWork+v.readyIntake, limit)
+		if ok && router != nil {
+			if c := router.Route(now, wait); c.Fresh {
+				if c.Site != "" {
+					v.overflowed++
+					return decision{site: c.Site}
+				}
+				v.readyWork++
+				return decision{}
+			}
+		}
 		if ok && wait > v.ttl {
 			v.overflowed++
-			return true
+			return decision{overflow: true}
 		}
 	}
 	v.readyWork++
-	return false
+	return decision{}
+}
+
+// state is the group state this broker publishes for the other sites'
+// routers: the members' predicted waits as of now, and the other sites'
+// messages ready in the intake queue.
+// It also returns how many messages the consume loop has taken so far.
+func (v *overflowView) state(site, broker string, now time.Time) (wqroute.State, uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	st := wqroute.StateOf(site, broker, now, v.readyIntake, v.members)
+	elapsed := now.Sub(v.seen)
+	for i := range st.Members {
+		st.Members[i].Wait = max(st.Members[i].Wait-elapsed, 0)
+	}
+	return st, v.taken
 }
 
 // takeOverflowed returns how many publishes overflowed at publish since

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/luffymq/luffymq/bridge/wqroute"
 	"github.com/luffymq/luffymq/scoring"
 )
 
@@ -17,17 +18,17 @@ func TestOverflowViewDecide(t *testing.T) {
 	var v overflowView
 	// Before the consume loop has read the members nothing overflows, and
 	// what stays is counted as ready.
-	if v.decide(now) {
+	if v.decide(now, nil).overflow {
 		t.Fatal("overflowed without members")
 	}
 	// One member free in 20 ms, 100 ms a message, TTL 150 ms: with one
 	// message ready ahead (the one above) the new one would start at
 	// 120 ms and stays; the next would start at 220 ms and leaves.
 	v.setMembers([]scoring.MemberSnapshot{member(20*ms, 100*ms)}, 150*ms, now)
-	if v.decide(now) {
+	if v.decide(now, nil).overflow {
 		t.Fatal("a publish that starts within the TTL overflowed")
 	}
-	if !v.decide(now) {
+	if !v.decide(now, nil).overflow {
 		t.Fatal("a publish that would wait past the TTL stayed")
 	}
 	if v.readyWork != 2 {
@@ -39,7 +40,7 @@ func TestOverflowViewDecide(t *testing.T) {
 		t.Fatalf("ready = %d, %d", v.readyWork, v.readyIntake)
 	}
 	v.setReady(-1, 3) // three other sites' messages are served first
-	if !v.decide(now) {
+	if !v.decide(now, nil).overflow {
 		t.Fatal("stayed behind three intake messages")
 	}
 	if n := v.takeOverflowed(); n != 2 {
@@ -86,7 +87,7 @@ func BenchmarkOverflowDecide(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		v.setReady(10, 2)
-		v.decide(now)
+		v.decide(now, nil)
 	}
 }
 
@@ -96,5 +97,42 @@ func TestIntakePollInterval(t *testing.T) {
 	}
 	if got := intakePollInterval(time.Minute); got != 50*time.Millisecond {
 		t.Errorf("after a quiet minute: %v, want 50ms", got)
+	}
+}
+
+// With the other sites' states, a publish goes to the site that starts
+// it soonest, delay included, even when the local wait is under the TTL;
+// with no fresh state the TTL rule holds.
+func TestOverflowViewDecideRoutes(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Now()
+	var v overflowView
+	// One local member busy for 80 ms more, TTL 150 ms.
+	v.setMembers([]scoring.MemberSnapshot{member(80*ms, 100*ms)}, 150*ms, now)
+	r := wqroute.NewRouter(wqroute.Config{StaleAfter: time.Second})
+	if d := v.decide(now, r); d.site != "" || d.overflow {
+		t.Fatalf("no state yet: %+v, want local", d)
+	}
+	// An idle site 20 ms away starts the next one at 20 ms, before the
+	// local member's 180 ms (one message now ready ahead of it).
+	st := wqroute.State{Site: "near", Sent: now.UnixNano(), Members: []wqroute.MemberState{{Service: 100 * ms}}}
+	r.Observe(st, now.Add(20*ms))
+	if d := v.decide(now.Add(20*ms), r); d.site != "near" {
+		t.Fatalf("idle site 20 ms away: %+v, want near", d)
+	}
+	// The next would wait behind the one booked there (120 ms), behind
+	// the local 160 ms: near again; then local at 160 < near at 220.
+	if d := v.decide(now.Add(20*ms), r); d.site != "near" {
+		t.Fatalf("second: %+v, want near", d)
+	}
+	if d := v.decide(now.Add(20*ms), r); d.site != "" || d.overflow {
+		t.Fatalf("third: %+v, want local", d)
+	}
+	if n := v.takeOverflowed(); n != 2 {
+		t.Fatalf("takeOverflowed = %d, want 2 (the routed publishes)", n)
+	}
+	// State is published with the waits as of now.
+	if got, _ := v.state("here", "b1", now.Add(30*ms)); got.Members[0].Wait != 50*ms || got.Site != "here" {
+		t.Fatalf("state = %+v, want the member's wait 50ms", got)
 	}
 }

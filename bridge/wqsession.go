@@ -250,8 +250,10 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 			g.view.setReady(0, 0)
 		case source == fromOwnOverflow:
 			g.view.setReady(-1, int(d.MessageCount))
+			g.view.took()
 		default:
 			g.view.setReady(int(d.MessageCount), 0)
+			g.view.took()
 		}
 		if !ok {
 			if !wait(idle) {
@@ -538,7 +540,8 @@ type configMessage map[string][]struct {
 
 // federationFor turns a configuration message into per-exchange
 // federations: a "pubsub*" exchange is federated as itself; "wq.<g>"
-// federates wq.<g>.in from the upstreams' wq.<g>.dlx.
+// federates wq.<g>.in from the upstreams' wq.<g>.dlx, and wq.<g>.to from
+// theirs (states and messages routed to this site, see wqrouting.go).
 func federationFor(m configMessage) ([]ExchangeFederation, error) {
 	out := []ExchangeFederation{}
 	for name, ups := range m {
@@ -560,6 +563,9 @@ func federationFor(m configMessage) ([]ExchangeFederation, error) {
 			x.Upstreams = append(x.Upstreams, Upstream{Site: strconv.Itoa(i), URI: u.URI})
 		}
 		out = append(out, x)
+		if g, ok := strings.CutPrefix(name, WorkQueuePrefix); ok {
+			out = append(out, ExchangeFederation{Exchange: RouteExchangeName(g), Upstreams: x.Upstreams})
+		}
 	}
 	return out, nil
 }

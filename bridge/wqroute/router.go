@@ -205,6 +205,23 @@ func (r *Router) Route(now time.Time, local time.Duration) Choice {
 	return Choice{Site: best.name, Start: bestStart, Fresh: true}
 }
 
+// FreshSites counts the sites whose state is fresh at now and
+// predictable: the candidates of Route.
+func (r *Router) FreshSites(now time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.sites {
+		if now.Sub(s.arrived) > r.cfg.StaleAfter {
+			continue
+		}
+		if _, ok := PredictStart(s.members, 0, 0, 0); ok {
+			n++
+		}
+	}
+	return n
+}
+
 // start predicts how long from now a member of s would start a message
 // sent now: the one-way delay, then the wait behind the intake and the
 // messages booked there since its state. It gives up above limit.

@@ -93,6 +93,9 @@ func TestRouteIntakeCountsAhead(t *testing.T) {
 func TestRouteStaleAndUnpredictableAreIgnored(t *testing.T) {
 	r := NewRouter(Config{StaleAfter: time.Second})
 	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	if n := r.FreshSites(t0.Add(1000 * ms)); n != 1 {
+		t.Fatalf("FreshSites before the state is stale = %d, want 1", n)
+	}
 	if c := r.Route(t0.Add(1100*ms), time.Second); c.Site != "" || c.Fresh {
 		t.Fatalf("Route with a stale state = %+v, want no fresh state", c)
 	}
@@ -103,6 +106,9 @@ func TestRouteStaleAndUnpredictableAreIgnored(t *testing.T) {
 	r.Observe(st, t0.Add(1100*ms))
 	if c := r.Route(t0.Add(1100*ms), time.Second); c.Site != "" || c.Fresh {
 		t.Fatalf("Route with an unpredictable site = %+v, want no fresh state", c)
+	}
+	if n := r.FreshSites(t0.Add(1100 * ms)); n != 0 {
+		t.Fatalf("FreshSites = %d, want 0", n)
 	}
 }
 
