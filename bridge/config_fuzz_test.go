@@ -72,7 +72,7 @@ func FuzzConfigMessage(f *testing.F) {
 					t.Fatalf("federation %+v for no entry", x)
 				}
 			} else if g, ok := strings.CutSuffix(x.Exchange, ".to"); ok && strings.HasPrefix(g, WorkQueuePrefix) {
-				if _, ok := m[g]; !ok || x.UpstreamExchange != "" {
+				if _, ok := m[g]; !ok || x.UpstreamExchange != "" || x.MaxHops != 1 {
 					t.Fatalf("route federation %+v for no entry", x)
 				}
 			} else if !strings.HasPrefix(x.Exchange, "pubsub") || x.UpstreamExchange != "" {

@@ -97,7 +97,7 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 		}
 		wait, ok := wqroute.PredictStart(v.members, now.Sub(v.seen), v.readyWork+v.readyIntake, limit)
 		if ok && router != nil {
-			if c := router.Route(now, wait); c.Fresh {
+			if c := router.Route(now, wait, v.ttl); c.Fresh {
 				if c.Site != "" {
 					v.overflowed++
 					return decision{site: c.Site}

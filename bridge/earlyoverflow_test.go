@@ -107,8 +107,8 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 	ms := time.Millisecond
 	now := time.Now()
 	var v overflowView
-	// One local member busy for 80 ms more, TTL 150 ms.
-	v.setMembers([]scoring.MemberSnapshot{member(80*ms, 100*ms)}, 150*ms, now)
+	// One local member busy for 80 ms more, TTL 200 ms.
+	v.setMembers([]scoring.MemberSnapshot{member(80*ms, 100*ms)}, 200*ms, now)
 	r := wqroute.NewRouter(wqroute.Config{StaleAfter: time.Second})
 	if d := v.decide(now, r); d.site != "" || d.overflow {
 		t.Fatalf("no state yet: %+v, want local", d)
@@ -130,6 +130,11 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 	}
 	if n := v.takeOverflowed(); n != 2 {
 		t.Fatalf("takeOverflowed = %d, want 2 (the routed publishes)", n)
+	}
+	// The next would wait 260 ms here, past the TTL, and leave through
+	// the hash ring: it goes to near, slower (320 ms) but chosen.
+	if d := v.decide(now.Add(20*ms), r); d.site != "near" {
+		t.Fatalf("past the TTL: %+v, want near", d)
 	}
 	// State is published with the waits as of now.
 	if got, _ := v.state("here", "b1", now.Add(30*ms)); got.Members[0].Wait != 50*ms || got.Site != "here" {

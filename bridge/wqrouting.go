@@ -126,6 +126,19 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 				g.router.Observe(st, time.Now())
 			}
 		case now := <-tick.C:
+			// The ready counts the consume loop saw at its last
+			// basic.get are old while the members are busy: what arrived
+			// since would be missing from the state, and the other
+			// sites would forget their bookings on the strength of it.
+			var ready [2]int
+			for i, q := range []string{g.queue(), IntakeQueueName(g.name)} {
+				info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+				if err != nil {
+					return fmt.Errorf("reading depth of %s: %w", q, err)
+				}
+				ready[i] = info.Messages
+			}
+			g.view.setReady(ready[0], ready[1])
 			st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, now)
 			c := changeOf(st, taken)
 			if c == last && now.Sub(lastSent) < stateHeartbeatIntervals*interval {

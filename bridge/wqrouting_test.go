@@ -70,6 +70,9 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 				TTLPerMember:       500 * time.Millisecond,
 				RetuneInterval:     100 * time.Millisecond,
 				Route:              s.route,
+				// luffymq's --federation-max-hops default: the route
+				// exchange's own links must still take one hop only.
+				Federation: bridge.FederationConfig{MaxHops: 2},
 			},
 		})
 		require.NoError(t, err)

@@ -564,7 +564,10 @@ func federationFor(m configMessage) ([]ExchangeFederation, error) {
 		}
 		out = append(out, x)
 		if g, ok := strings.CutPrefix(name, WorkQueuePrefix); ok {
-			out = append(out, ExchangeFederation{Exchange: RouteExchangeName(g), Upstreams: x.Upstreams})
+			// One hop: wq.<g>.to is federated as itself, so with more a
+			// state or message would come back through third sites, late
+			// and duplicated.
+			out = append(out, ExchangeFederation{Exchange: RouteExchangeName(g), Upstreams: x.Upstreams, MaxHops: 1})
 		}
 	}
 	return out, nil

@@ -58,6 +58,9 @@ type Config struct {
 // forgotten), which only underestimates the wait there.
 const maxBooked = 128
 
+// maxPrediction bounds how far a site's start is predicted.
+const maxPrediction = time.Minute
+
 // delaySamples is how many (arrival − send time) samples of a site's
 // states the one-way delay estimate takes the minimum of.
 const delaySamples = 16
@@ -169,14 +172,18 @@ type Choice struct {
 
 // Route chooses where a message published now goes: the other site whose
 // one-way delay plus predicted wait is least, if it is less than local
-// (the local members' predicted wait), else the local site. A message
+// (the local members' predicted wait), else the local site. When local
+// exceeds localLimit — the message would outlive its TTL in the local
+// queue and leave through the hash ring, to a site drawn by weight — it
+// goes to the best other site whatever its start. A message
 // routed to another site is booked there: it counts ahead of the next
 // ones until a state of that site shows it. Sites whose state is stale or
 // unpredictable (a member without a service time) are not candidates.
 // It allocates nothing.
-func (r *Router) Route(now time.Time, local time.Duration) Choice {
+func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	mustLeave := local > localLimit
 	var best *site
 	var bestStart time.Duration
 	for _, s := range r.sites {
@@ -184,6 +191,9 @@ func (r *Router) Route(now time.Time, local time.Duration) Choice {
 			continue
 		}
 		limit := local
+		if mustLeave {
+			limit = maxPrediction
+		}
 		if best != nil {
 			limit = min(limit, bestStart)
 		}
@@ -198,7 +208,7 @@ func (r *Router) Route(now time.Time, local time.Duration) Choice {
 	if best == nil {
 		return Choice{Start: local}
 	}
-	if bestStart >= local {
+	if bestStart >= local && !mustLeave {
 		return Choice{Start: local, Fresh: true}
 	}
 	best.book(now)

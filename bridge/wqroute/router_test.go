@@ -23,7 +23,7 @@ func TestRouteNearestIdleWins(t *testing.T) {
 	r := NewRouter(Config{})
 	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
 	r.Observe(stateAt("far", t0, 0, 0), t0.Add(120*ms))
-	c := r.Route(t0.Add(120*ms), 300*ms)
+	c := r.Route(t0.Add(120*ms), 300*ms, time.Hour)
 	if c.Site != "near" || c.Start != 20*ms || !c.Fresh {
 		t.Fatalf("Route = %+v, want near at 20ms", c)
 	}
@@ -35,7 +35,7 @@ func TestRouteFarIdleBeatsNearBusy(t *testing.T) {
 	// is taken; the far one is idle.
 	r.Observe(stateAt("near", t0, 0, 400*ms), t0.Add(20*ms))
 	r.Observe(stateAt("far", t0, 0, 0), t0.Add(120*ms))
-	c := r.Route(t0.Add(120*ms), time.Second)
+	c := r.Route(t0.Add(120*ms), time.Second, time.Hour)
 	if c.Site != "far" || c.Start != 120*ms {
 		t.Fatalf("Route = %+v, want far at 120ms", c)
 	}
@@ -44,11 +44,11 @@ func TestRouteFarIdleBeatsNearBusy(t *testing.T) {
 func TestRouteLocalWhenSooner(t *testing.T) {
 	r := NewRouter(Config{})
 	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
-	if c := r.Route(t0.Add(20*ms), 19*ms); c.Site != "" || !c.Fresh {
+	if c := r.Route(t0.Add(20*ms), 19*ms, time.Hour); c.Site != "" || !c.Fresh {
 		t.Fatalf("Route = %+v, want local (fresh)", c)
 	}
 	// A tie stays local too.
-	if c := r.Route(t0.Add(20*ms), 20*ms); c.Site != "" {
+	if c := r.Route(t0.Add(20*ms), 20*ms, time.Hour); c.Site != "" {
 		t.Fatalf("Route on a tie = %+v, want local", c)
 	}
 }
@@ -60,10 +60,10 @@ func TestRouteBooksWhatItSent(t *testing.T) {
 	r := NewRouter(Config{})
 	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
 	now := t0.Add(20 * ms)
-	if c := r.Route(now, 100*ms); c.Site != "near" {
+	if c := r.Route(now, 100*ms, time.Hour); c.Site != "near" {
 		t.Fatalf("first Route = %+v, want near", c)
 	}
-	if c := r.Route(now, 100*ms); c.Site != "" || c.Start != 100*ms {
+	if c := r.Route(now, 100*ms, time.Hour); c.Site != "" || c.Start != 100*ms {
 		t.Fatalf("second Route = %+v, want local", c)
 	}
 	// The next state, sent after the booked message arrived there,
@@ -73,17 +73,32 @@ func TestRouteBooksWhatItSent(t *testing.T) {
 		t.Fatalf("booked after a state that shows the message = %d, want 0", n)
 	}
 	// A state sent before the message got there leaves it booked.
-	r.Route(now.Add(60*ms), time.Second)
+	r.Route(now.Add(60*ms), time.Second, time.Hour)
 	r.Observe(stateAt("near", now.Add(70*ms), 0, 50*ms), now.Add(90*ms))
 	if n := r.find("near").bookedLength; n != 1 {
 		t.Fatalf("booked after a state taken before the message arrived = %d, want 1", n)
 	}
 }
 
+// A message the local members would start only after its TTL would leave
+// through the hash ring: it goes to the best other site instead, even one
+// slower than the local members.
+func TestRouteLeavesWhenPastTheLocalLimit(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("far", t0, 0, 0), t0.Add(60*ms))
+	r.Observe(stateAt("farther", t0, 0, 0), t0.Add(120*ms))
+	if c := r.Route(t0.Add(120*ms), 30*ms, time.Hour); c.Site != "" {
+		t.Fatalf("Route within the limit = %+v, want local", c)
+	}
+	if c := r.Route(t0.Add(120*ms), 30*ms, 25*ms); c.Site != "far" || c.Start != 60*ms {
+		t.Fatalf("Route past the limit = %+v, want far at 60ms", c)
+	}
+}
+
 func TestRouteIntakeCountsAhead(t *testing.T) {
 	r := NewRouter(Config{})
 	r.Observe(stateAt("near", t0, 3, 0), t0.Add(20*ms))
-	c := r.Route(t0.Add(20*ms), time.Second)
+	c := r.Route(t0.Add(20*ms), time.Second, time.Hour)
 	// Three ahead on one 100 ms member: it starts at 20 + 300 ms.
 	if c.Site != "near" || c.Start != 320*ms {
 		t.Fatalf("Route = %+v, want near at 320ms", c)
@@ -96,7 +111,7 @@ func TestRouteStaleAndUnpredictableAreIgnored(t *testing.T) {
 	if n := r.FreshSites(t0.Add(1000 * ms)); n != 1 {
 		t.Fatalf("FreshSites before the state is stale = %d, want 1", n)
 	}
-	if c := r.Route(t0.Add(1100*ms), time.Second); c.Site != "" || c.Fresh {
+	if c := r.Route(t0.Add(1100*ms), time.Second, time.Hour); c.Site != "" || c.Fresh {
 		t.Fatalf("Route with a stale state = %+v, want no fresh state", c)
 	}
 	// A site with a member whose service time is unknown (it acknowledges
@@ -104,7 +119,7 @@ func TestRouteStaleAndUnpredictableAreIgnored(t *testing.T) {
 	st := stateAt("receipt", t0.Add(time.Second), 0, 0)
 	st.Members = append(st.Members, MemberState{})
 	r.Observe(st, t0.Add(1100*ms))
-	if c := r.Route(t0.Add(1100*ms), time.Second); c.Site != "" || c.Fresh {
+	if c := r.Route(t0.Add(1100*ms), time.Second, time.Hour); c.Site != "" || c.Fresh {
 		t.Fatalf("Route with an unpredictable site = %+v, want no fresh state", c)
 	}
 	if n := r.FreshSites(t0.Add(1100 * ms)); n != 0 {
@@ -143,6 +158,6 @@ func BenchmarkRoute(b *testing.B) {
 	now = now.Add(100 * ms)
 	b.ReportAllocs()
 	for b.Loop() {
-		r.Route(now, 150*ms)
+		r.Route(now, 150*ms, time.Hour)
 	}
 }
