@@ -118,11 +118,13 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 // state is the group state this broker publishes for the other sites'
 // routers: the members' predicted waits as of now, and the other sites'
 // messages ready in the intake queue.
-// It also returns how many messages the consume loop has taken so far.
-func (v *overflowView) state(site, broker string, now time.Time) (wqroute.State, uint64) {
+// taken counts the other sites' messages taken from the intake, by
+// origin. It also returns how many messages the consume loop has taken so
+// far.
+func (v *overflowView) state(site, broker, boot string, now time.Time, taken map[string]uint64) (wqroute.State, uint64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	st := wqroute.StateOf(site, broker, now, v.readyIntake, v.members)
+	st := wqroute.StateOf(site, broker, boot, now, v.readyIntake, v.members, taken)
 	elapsed := now.Sub(v.seen)
 	for i := range st.Members {
 		st.Members[i].Wait = max(st.Members[i].Wait-elapsed, 0)

@@ -137,7 +137,7 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 		t.Fatalf("past the TTL: %+v, want near", d)
 	}
 	// State is published with the waits as of now.
-	if got, _ := v.state("here", "b1", now.Add(30*ms)); got.Members[0].Wait != 50*ms || got.Site != "here" {
+	if got, _ := v.state("here", "b1", "boot", now.Add(30*ms), nil); got.Members[0].Wait != 50*ms || got.Site != "here" {
 		t.Fatalf("state = %+v, want the member's wait 50ms", got)
 	}
 }

@@ -155,6 +155,18 @@ func (s *stats) wqRoutedTo(g, site string) {
 	s.mu.Unlock()
 }
 
+// wqTakenFrom returns a copy of group g's counts of other sites'
+// messages taken from the intake, by origin.
+func (s *stats) wqTakenFrom(g string) map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]uint64, len(s.wqGroup(g).fromSites))
+	for o, n := range s.wqGroup(g).fromSites {
+		out[o] = n
+	}
+	return out
+}
+
 func (s *stats) wqFromSite(g, origin string) {
 	s.mu.Lock()
 	s.wqGroup(g).fromSites[origin]++

@@ -41,13 +41,13 @@ const stateStaleIntervals = 3 * stateHeartbeatIntervals
 // while the link is down: an older one would be ignored anyway.
 const stateTTL = "1000"
 
-// newGroupRouter returns the router of an exported group, or nil when c
-// does not route by the other sites' states.
-func newGroupRouter(c WorkQueueConfig) *wqroute.Router {
+// newGroupRouter returns the router of an exported group of site, or nil
+// when c does not route by the other sites' states.
+func newGroupRouter(c WorkQueueConfig, site string) *wqroute.Router {
 	if c.Route != RouteNearest || c.TTLOverflowOnly {
 		return nil
 	}
-	return wqroute.NewRouter(wqroute.Config{StaleAfter: stateStaleIntervals * c.StateInterval})
+	return wqroute.NewRouter(wqroute.Config{Site: site, StaleAfter: stateStaleIntervals * c.StateInterval})
 }
 
 // declareRouteTopology creates group g's route exchange and binds the
@@ -130,16 +130,10 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			// basic.get are old while the members are busy: what arrived
 			// since would be missing from the state, and the other
 			// sites would forget their bookings on the strength of it.
-			var ready [2]int
-			for i, q := range []string{g.queue(), IntakeQueueName(g.name)} {
-				info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
-				if err != nil {
-					return fmt.Errorf("reading depth of %s: %w", q, err)
-				}
-				ready[i] = info.Messages
+			if _, _, err := readReady(ch, g); err != nil {
+				return err
 			}
-			g.view.setReady(ready[0], ready[1])
-			st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, now)
+			st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now, b.stats.wqTakenFrom(g.name))
 			c := changeOf(st, taken)
 			if c == last && now.Sub(lastSent) < stateHeartbeatIntervals*interval {
 				continue

@@ -385,17 +385,11 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 	}
 	st.owner = true
 	c := turn.site
-	inQueue := turn.unacked
-	var ready [2]int
-	for i, q := range []string{g.queue(), IntakeQueueName(g.name)} {
-		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
-		if err != nil {
-			return fmt.Errorf("reading depth of %s: %w", q, err)
-		}
-		ready[i] = info.Messages
-		inQueue += info.Messages
+	work, intake, err := readReady(ch, g)
+	if err != nil {
+		return err
 	}
-	g.view.setReady(ready[0], ready[1])
+	inQueue := turn.unacked + work + intake
 	w := weight(c.MaxLength, inQueue)
 	inW := w
 	if c.Online == 0 {
@@ -457,6 +451,21 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 	b.wqStates[g.name] = st
 	b.wqMu.Unlock()
 	return nil
+}
+
+// readReady reads the messages ready in group g's queue and intake queue
+// and records them in g's overflow view.
+func readReady(ch *amqp.Channel, g *workGroup) (work, intake int, err error) {
+	var ready [2]int
+	for i, q := range []string{g.queue(), IntakeQueueName(g.name)} {
+		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		if err != nil {
+			return 0, 0, fmt.Errorf("reading depth of %s: %w", q, err)
+		}
+		ready[i] = info.Messages
+	}
+	g.view.setReady(ready[0], ready[1])
+	return ready[0], ready[1], nil
 }
 
 // intakeWeightMatters reports whether the intake's weight should move

@@ -10,9 +10,11 @@ import (
 // State is one broker's work-group state as it publishes it to the other
 // sites: what a message sent to its site would wait behind.
 type State struct {
-	// Site and Broker name the publishing broker.
+	// Site and Broker name the publishing broker; Boot changes when it
+	// restarts (its Taken counts start again).
 	Site   string `json:"site"`
 	Broker string `json:"broker"`
+	Boot   string `json:"boot"`
 	// Sent is when it was published (Unix nanoseconds, the publisher's
 	// clock).
 	Sent int64 `json:"sent"`
@@ -22,6 +24,9 @@ type State struct {
 	Intake int `json:"intake"`
 	// Members are the group's online members as the broker predicts them.
 	Members []MemberState `json:"members"`
+	// Taken counts, by origin site, the other sites' messages the broker
+	// has taken from its intake since it started.
+	Taken map[string]uint64 `json:"taken"`
 }
 
 // MemberState is one online member in a State.
@@ -36,8 +41,8 @@ type MemberState struct {
 }
 
 // StateOf builds the State of members (online ones are kept).
-func StateOf(site, broker string, sent time.Time, intake int, members []scoring.MemberSnapshot) State {
-	st := State{Site: site, Broker: broker, Sent: sent.UnixNano(), Intake: intake}
+func StateOf(site, broker, boot string, sent time.Time, intake int, members []scoring.MemberSnapshot, taken map[string]uint64) State {
+	st := State{Site: site, Broker: broker, Boot: boot, Sent: sent.UnixNano(), Intake: intake, Taken: taken}
 	for _, m := range members {
 		if m.Online {
 			st.Members = append(st.Members, MemberState{Wait: m.PredictedWait, Service: m.ServiceEstimate})
@@ -48,15 +53,13 @@ func StateOf(site, broker string, sent time.Time, intake int, members []scoring.
 
 // Config tunes a Router.
 type Config struct {
+	// Site is the site the Router routes from: the key of the other
+	// sites' Taken counts that are its own.
+	Site string
 	// StaleAfter is how long a site's state counts after it arrived
 	// (2.5 s); an older one is ignored.
 	StaleAfter time.Duration
 }
-
-// maxBooked bounds the sends to one site that a Router remembers between
-// two of its states; more are counted as one per slot (the oldest is
-// forgotten), which only underestimates the wait there.
-const maxBooked = 128
 
 // maxPrediction bounds how far a site's start is predicted.
 const maxPrediction = time.Minute
@@ -70,7 +73,7 @@ type site struct {
 	name    string
 	members []scoring.MemberSnapshot
 	intake  int
-	sent    time.Time // the state's send time, in the publisher's clock
+	sentAt  time.Time // the state's send time, in the publisher's clock
 	arrived time.Time // when it arrived, in ours
 	// samples are the last (arrived − sent) of its states; delay is
 	// their minimum: the one-way delay, assuming synchronised clocks (NTP;
@@ -78,11 +81,22 @@ type site struct {
 	samples [delaySamples]time.Duration
 	nSample int
 	delay   time.Duration
-	// booked holds the send times of the messages routed to the site
-	// that its last state cannot show yet (ring buffer).
-	booked       [maxBooked]time.Time
-	bookedHead   int
-	bookedLength int
+	// sent counts the messages routed to the site; taken, from its
+	// last state, those of them it took from its intake. The difference
+	// is what is on its way or waiting there: in the federation link (a
+	// link that stalls or is cut keeps them, and the site's state cannot
+	// show them) or in its intake. base rebases sent when the site's
+	// broker restarts and counts from zero again.
+	sent, base, taken uint64
+	boot              string
+}
+
+// outstanding is how many of the messages routed to s it has not taken.
+func (s *site) outstanding() int {
+	if s.sent < s.base+s.taken {
+		return 0
+	}
+	return int(s.sent - s.base - s.taken)
 }
 
 // Router holds the other sites' states for one work group and chooses
@@ -117,19 +131,23 @@ func (r *Router) Observe(st State, arrived time.Time) {
 		s = &site{name: st.Site}
 		r.sites = append(r.sites, s)
 	}
-	if sent.Before(s.sent) {
+	if sent.Before(s.sentAt) {
 		return // overtaken by a newer state
 	}
-	s.members, s.intake, s.sent, s.arrived = members, st.Intake, sent, arrived
+	taken := st.Taken[r.cfg.Site]
+	if st.Boot != s.boot {
+		// A restarted broker counts from zero: what it had not taken is
+		// requeued to the intake, which the state counts.
+		s.boot, s.base = st.Boot, s.sent-taken
+	}
+	s.taken = taken
+	s.members, s.intake, s.sentAt, s.arrived = members, st.Intake, sent, arrived
 	s.samples[s.nSample%delaySamples] = max(arrived.Sub(sent), 0)
 	s.nSample++
 	s.delay = s.samples[0]
 	for i := 1; i < min(s.nSample, delaySamples); i++ {
 		s.delay = min(s.delay, s.samples[i])
 	}
-	// A message sent before the state's moment minus the delay had
-	// arrived when the state was taken: the state counts it.
-	s.forgetBookedBefore(sent.Add(-s.delay))
 }
 
 func (r *Router) find(name string) *site {
@@ -139,23 +157,6 @@ func (r *Router) find(name string) *site {
 		}
 	}
 	return nil
-}
-
-// forgetBookedBefore drops the booked sends before t.
-func (s *site) forgetBookedBefore(t time.Time) {
-	for s.bookedLength > 0 && s.booked[s.bookedHead].Before(t) {
-		s.bookedHead = (s.bookedHead + 1) % maxBooked
-		s.bookedLength--
-	}
-}
-
-func (s *site) book(now time.Time) {
-	if s.bookedLength == maxBooked {
-		s.bookedHead = (s.bookedHead + 1) % maxBooked
-		s.bookedLength--
-	}
-	s.booked[(s.bookedHead+s.bookedLength)%maxBooked] = now
-	s.bookedLength++
 }
 
 // Choice is a Router's answer for one message.
@@ -176,8 +177,8 @@ type Choice struct {
 // exceeds localLimit — the message would outlive its TTL in the local
 // queue and leave through the hash ring, to a site drawn by weight — it
 // goes to the best other site whatever its start. A message
-// routed to another site is booked there: it counts ahead of the next
-// ones until a state of that site shows it. Sites whose state is stale or
+// routed to another site counts ahead of the next ones there until
+// that site's state shows it taken. Sites whose state is stale or
 // unpredictable (a member without a service time) are not candidates.
 // It allocates nothing.
 func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
@@ -211,7 +212,7 @@ func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
 	if bestStart >= local && !mustLeave {
 		return Choice{Start: local, Fresh: true}
 	}
-	best.book(now)
+	best.sent++
 	return Choice{Site: best.name, Start: bestStart, Fresh: true}
 }
 
@@ -233,13 +234,14 @@ func (r *Router) FreshSites(now time.Time) int {
 }
 
 // start predicts how long from now a member of s would start a message
-// sent now: the one-way delay, then the wait behind the intake and the
-// messages booked there since its state. It gives up above limit.
+// sent now: the one-way delay, then the wait behind what is ahead there:
+// the intake, or the messages routed there and not yet taken, if more
+// (they are on the way, or in the intake). It gives up above limit.
 func (s *site) start(now time.Time, limit time.Duration) (time.Duration, bool) {
 	// The state describes the site at (arrived − delay) in our clock; the
 	// message gets there at now + delay.
 	elapsed := now.Add(s.delay).Sub(s.arrived.Add(-s.delay))
-	wait, ok := PredictStart(s.members, elapsed, s.intake+s.bookedLength, max(limit-s.delay, 0))
+	wait, ok := PredictStart(s.members, elapsed, max(s.intake, s.outstanding()), max(limit-s.delay, 0))
 	if !ok {
 		return 0, false
 	}

@@ -53,11 +53,12 @@ func TestRouteLocalWhenSooner(t *testing.T) {
 	}
 }
 
-// Each message sent to a site waits behind those booked there before it:
-// one idle member of 100 ms at 20 ms takes the first at 20 ms, the second
-// at 120 ms; with a local wait of 100 ms the second stays.
-func TestRouteBooksWhatItSent(t *testing.T) {
-	r := NewRouter(Config{})
+// Each message sent to a site waits behind those sent there before it
+// and not yet taken: one idle member of 100 ms at 20 ms takes the first
+// at 20 ms, the second at 120 ms; with a local wait of 100 ms the second
+// stays.
+func TestRouteCountsWhatItSentUntilTaken(t *testing.T) {
+	r := NewRouter(Config{Site: "here"})
 	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
 	now := t0.Add(20 * ms)
 	if c := r.Route(now, 100*ms, time.Hour); c.Site != "near" {
@@ -66,17 +67,30 @@ func TestRouteBooksWhatItSent(t *testing.T) {
 	if c := r.Route(now, 100*ms, time.Hour); c.Site != "" || c.Start != 100*ms {
 		t.Fatalf("second Route = %+v, want local", c)
 	}
-	// The next state, sent after the booked message arrived there,
-	// counts it (the member is busy with it): the booking is dropped.
-	r.Observe(stateAt("near", now.Add(40*ms), 0, 80*ms), now.Add(60*ms))
-	if n := r.find("near").bookedLength; n != 0 {
-		t.Fatalf("booked after a state that shows the message = %d, want 0", n)
+	// A later state that has not taken it yet (the link is slow, or
+	// cut) still counts it ahead, even with an empty intake.
+	r.Observe(stateAt("near", now.Add(40*ms), 0, 0), now.Add(60*ms))
+	if n := r.find("near").outstanding(); n != 1 {
+		t.Fatalf("outstanding before the site took it = %d, want 1", n)
 	}
-	// A state sent before the message got there leaves it booked.
-	r.Route(now.Add(60*ms), time.Second, time.Hour)
-	r.Observe(stateAt("near", now.Add(70*ms), 0, 50*ms), now.Add(90*ms))
-	if n := r.find("near").bookedLength; n != 1 {
-		t.Fatalf("booked after a state taken before the message arrived = %d, want 1", n)
+	// Once a state shows it taken, it no longer counts.
+	st := stateAt("near", now.Add(80*ms), 0, 80*ms)
+	st.Taken = map[string]uint64{"here": 1, "elsewhere": 7}
+	r.Observe(st, now.Add(100*ms))
+	if n := r.find("near").outstanding(); n != 0 {
+		t.Fatalf("outstanding after the site took it = %d, want 0", n)
+	}
+	// A restarted broker counts from zero again.
+	r.Route(now.Add(100*ms), time.Second, time.Hour)
+	st = stateAt("near", now.Add(120*ms), 0, 0)
+	st.Boot = "again"
+	r.Observe(st, now.Add(140*ms))
+	if n := r.find("near").outstanding(); n != 0 {
+		t.Fatalf("outstanding after a restart = %d, want 0", n)
+	}
+	r.Route(now.Add(140*ms), time.Second, time.Hour)
+	if n := r.find("near").outstanding(); n != 1 {
+		t.Fatalf("outstanding after a restart and one more message = %d, want 1", n)
 	}
 }
 
