@@ -148,13 +148,14 @@ const (
 	flagWQUnacked   = "--wq-unacked-per-member"
 	flagWQRetune    = "--wq-retune-interval"
 	flagWQTTLOnly   = "--wq-ttl-overflow-only"
+	flagWQRoute     = "--wq-route"
 )
 
 // errWQFlagsUnsupported reports a luffymq binary without the work-queue
 // flags.
 func errWQFlagsUnsupported(bin string) error {
 	var missing []string
-	for f, ok := range luffyMQFlags(bin, flagWQTTL, flagWQMaxLength, flagWQUnacked, flagWQRetune, flagWQTTLOnly) {
+	for f, ok := range luffyMQFlags(bin, flagWQTTL, flagWQMaxLength, flagWQUnacked, flagWQRetune, flagWQTTLOnly, flagWQRoute) {
 		if !ok {
 			missing = append(missing, f)
 		}
@@ -536,7 +537,8 @@ func wqNote(cfg SitesConfig) string {
 	} else {
 		note += fmt.Sprintf(" The policy and weights are retuned every %s (the default is %s).", fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval))
 	}
-	note += " luffymq overflows at publish (a message its site's members would not start within the TTL goes to the dead-letter exchange at once); " +
+	note += " luffymq routes each publish to the site whose members would start it soonest, one-way delay included (" + flagWQRoute + " nearest: every site publishes its group state over federation about every 100 ms while it changes); " +
+		ArchLuffyMQRing + " is the same brokers with " + flagWQRoute + " ring: a message its site's members would not start within the TTL goes to the dead-letter exchange's consistent-hash ring at once; " +
 		ArchLuffyMQTTLOnly + " is the same brokers with " + flagWQTTLOnly + ", the thesis's rule: a message leaves wq.jobs only when its TTL expires or the queue is full."
 	return note
 }

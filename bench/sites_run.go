@@ -378,12 +378,15 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 	setupBegan := time.Now()
 	cloud := -1
 	switch run.Architecture {
-	case ArchLuffyMQ, ArchLuffyMQTTLOnly:
+	case ArchLuffyMQ, ArchLuffyMQRing, ArchLuffyMQTTLOnly:
 		share := "$share/" + wqGroup + "/" + wqGroup + "/#"
 		brokers := make([]*siteBroker, n)
 		args := []string{"--export-group", share}
-		if run.Architecture == ArchLuffyMQTTLOnly {
+		switch run.Architecture {
+		case ArchLuffyMQTTLOnly:
 			args = append(args, flagWQTTLOnly)
+		case ArchLuffyMQRing:
+			args = append(args, flagWQRoute, bridge.RouteRing)
 		}
 		for i, s := range w.Sites {
 			b, err := r.env.startSiteBroker(ctx, s, logName(run), args...)
@@ -425,10 +428,10 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 		if err := dl.run(&td); err != nil {
 			return err
 		}
-		dlx := bridge.DeadLetterExchangeName(wqGroup)
-		if err := waitUntil(ctx, 60*time.Second, "overflow federation (each site's "+dlx+" bound to every other site's intake)", func() bool {
+		dlx, to := bridge.DeadLetterExchangeName(wqGroup), bridge.RouteExchangeName(wqGroup)
+		if err := waitUntil(ctx, 60*time.Second, "overflow federation (each site's "+dlx+" and "+to+" bound to every other site's)", func() bool {
 			for _, s := range w.Sites {
-				if r.env.federatedBindingCount(s, dlx) < n-1 {
+				if r.env.federatedBindingCount(s, dlx) < n-1 || r.env.federatedBindingCount(s, to) < n-1 {
 					return false
 				}
 			}
@@ -436,10 +439,10 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 		}); err != nil {
 			return err
 		}
-		if err := r.env.waitLinks(ctx, n*(n-1), 60*time.Second); err != nil {
+		if err := r.env.waitLinks(ctx, 2*n*(n-1), 60*time.Second); err != nil {
 			return err
 		}
-		run.Clients = "MQTT v5 (paho.golang) to the site's luffymq: one QoS 1 producer per site, members of $share/jobs/jobs/# that acknowledge after processing; luffymq bridges to wq.jobs on the site's RabbitMQ, overflow into the consistent-hash exchange at publish (when the local members would not start the message within the queue's TTL) or by TTL / max length, intake federated from every other site (configuration messages through luffymq.config.<site>)"
+		run.Clients = "MQTT v5 (paho.golang) to the site's luffymq: one QoS 1 producer per site, members of $share/jobs/jobs/# that acknowledge after processing; luffymq bridges to wq.jobs on the site's RabbitMQ, each publish routed straight to the site whose members would start it soonest, one-way delay included (luffymq; luffymq-ring: into the consistent-hash exchange at publish when the local members would not start it within the queue's TTL), or overflowing by TTL / max length; intake and route exchanges federated from every other site (configuration messages through luffymq.config.<site>)"
 	case ArchQueueFederation:
 		for _, s := range w.Sites {
 			if err := declareAMQP(r.env.node(s).AMQPURL(), []string{queue}, nil); err != nil {

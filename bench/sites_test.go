@@ -529,9 +529,9 @@ func TestSitesLuffyMQWQFlagsRequired(t *testing.T) {
 	}
 	old := fake("old-luffymq", "Usage: luffymq [flags]\n  -site string\n  -wq-ttl-per-member duration\n")
 	err := errWQFlagsUnsupported(old)
-	require.ErrorContains(t, err, "--wq-max-length-per-member, --wq-retune-interval, --wq-ttl-overflow-only, --wq-unacked-per-member")
+	require.ErrorContains(t, err, "--wq-max-length-per-member, --wq-retune-interval, --wq-route, --wq-ttl-overflow-only, --wq-unacked-per-member")
 	require.NotContains(t, err.Error(), "--wq-ttl-per-member,")
-	current := fake("luffymq", "  -wq-max-length-per-member int\n  -wq-retune-interval duration\n  -wq-ttl-overflow-only\n  -wq-ttl-per-member duration\n  -wq-unacked-per-member int\n")
+	current := fake("luffymq", "  -wq-max-length-per-member int\n  -wq-retune-interval duration\n  -wq-route string\n  -wq-ttl-overflow-only\n  -wq-ttl-per-member duration\n  -wq-unacked-per-member int\n")
 	require.NoError(t, errWQFlagsUnsupported(current))
 }
 

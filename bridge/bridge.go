@@ -312,6 +312,7 @@ func New(cfg Config) (*Bridge, error) {
 		if err != nil {
 			return nil, err
 		}
+		g.router = newGroupRouter(cfg.WorkQueue, cfg.Site)
 		b.groups = append(b.groups, g)
 	}
 	b.wqTrack = newWQTracker()

@@ -53,8 +53,14 @@ func FuzzConfigMessage(f *testing.F) {
 			}
 			return
 		}
-		if len(xs) != len(m) {
-			t.Fatalf("%d federations for %d entries", len(xs), len(m))
+		want := len(m)
+		for name := range m {
+			if strings.HasPrefix(name, WorkQueuePrefix) {
+				want++ // wq.<g>.in and wq.<g>.to
+			}
+		}
+		if len(xs) != want {
+			t.Fatalf("%d federations for %d entries, want %d", len(xs), len(m), want)
 		}
 		for _, x := range xs {
 			if g, ok := strings.CutSuffix(x.Exchange, ".in"); ok && strings.HasPrefix(g, WorkQueuePrefix) && x.UpstreamExchange != "" {
@@ -64,6 +70,10 @@ func FuzzConfigMessage(f *testing.F) {
 				}
 				if _, ok := m[WorkQueueName(g)]; !ok {
 					t.Fatalf("federation %+v for no entry", x)
+				}
+			} else if g, ok := strings.CutSuffix(x.Exchange, ".to"); ok && strings.HasPrefix(g, WorkQueuePrefix) {
+				if _, ok := m[g]; !ok || x.UpstreamExchange != "" || x.MaxHops != 1 {
+					t.Fatalf("route federation %+v for no entry", x)
 				}
 			} else if !strings.HasPrefix(x.Exchange, "pubsub") || x.UpstreamExchange != "" {
 				t.Fatalf("federation %+v is neither pubsub* nor a work queue's", x)

@@ -190,6 +190,9 @@ func (b *Bridge) workQueueLoops(conn *amqp.Connection) ([]func(context.Context) 
 			if err := declareWorkTopology(topo, g.name); err != nil {
 				return nil, err
 			}
+			if err := declareRouteTopology(topo, g.name, b.cfg.Site); err != nil {
+				return nil, err
+			}
 			b.wqMu.Lock()
 			b.wqStates[g.name] = wqState{} // the site's retune owner adopts the bindings and (re)applies the policy
 			b.wqMu.Unlock()
@@ -207,6 +210,9 @@ func (b *Bridge) workQueueLoops(conn *amqp.Connection) ([]func(context.Context) 
 				return nil, fmt.Errorf("opening work-queue channel for %s: %w", g.queue(), err)
 			}
 			loops = append(loops, func(c context.Context) error { return b.consumeLoop(c, ch, g, gen) })
+			if g.router != nil {
+				loops = append(loops, func(c context.Context) error { return b.stateLoop(c, conn, g) })
+			}
 		}
 	}
 	// The site agent: its failures are logged, never fatal to the bridge.

@@ -1,10 +1,10 @@
 package bridge
 
 import (
-	"math"
 	"sync"
 	"time"
 
+	"github.com/luffymq/luffymq/bridge/wqroute"
 	"github.com/luffymq/luffymq/scoring"
 )
 
@@ -20,66 +20,6 @@ import (
 // the dead-letter exchange at once, as it would after waiting the TTL out,
 // and the queue stays short. The TTL and the dead-letter exchange keep
 // doing their work when the prediction is wrong.
-
-// maxSimulatedMembers bounds the members whose free times predictStart
-// keeps on the stack; a larger group is predicted as a fluid.
-const maxSimulatedMembers = 32
-
-// predictStart estimates how long a message queued now behind ahead
-// others would wait before one of members starts it: each message ahead
-// goes to the online member that frees first, which is then busy one
-// service time longer. The members' predicted waits were read elapsed
-// ago. It stops as soon as the wait exceeds limit (the answer is then
-// some wait above limit). ok is false when an online member has no
-// service estimate yet (the broker has not seen it finish anything), or
-// no member is online: nothing can be predicted.
-func predictStart(members []scoring.MemberSnapshot, elapsed time.Duration, ahead int, limit time.Duration) (wait time.Duration, ok bool) {
-	var free, service [maxSimulatedMembers]time.Duration
-	n := 0
-	var rate float64 // messages per nanosecond, for the fluid model
-	var sumStart float64
-	for _, m := range members {
-		if !m.Online {
-			continue
-		}
-		if m.ServiceEstimate <= 0 {
-			return 0, false
-		}
-		f := max(m.PredictedWait-elapsed, 0)
-		if n < maxSimulatedMembers {
-			free[n], service[n] = f, m.ServiceEstimate
-		}
-		n++
-		rate += 1 / float64(m.ServiceEstimate)
-		sumStart += float64(f) / float64(m.ServiceEstimate)
-	}
-	if n == 0 {
-		return 0, false
-	}
-	if n > maxSimulatedMembers {
-		// The time by which the members, each from its free time, have
-		// started ahead messages between them; members free later than
-		// that take none, which this overestimates slightly.
-		return max(time.Duration(math.Round((float64(ahead)+sumStart)/rate)), 0), true
-	}
-	next := func() int {
-		best := 0
-		for i := 1; i < n; i++ {
-			if free[i] < free[best] {
-				best = i
-			}
-		}
-		return best
-	}
-	for ; ahead > 0; ahead-- {
-		i := next()
-		if free[i] > limit {
-			return free[i], true
-		}
-		free[i] += service[i]
-	}
-	return free[next()], true
-}
 
 // overflowView is what one work group's overflow-at-publish decision
 // reads: the consume loop's latest view of the local members and the
@@ -97,6 +37,15 @@ type overflowView struct {
 	// overflowed counts the publishes sent to the dead-letter exchange
 	// since the retune last asked (takeOverflowed).
 	overflowed int
+	// taken counts the messages the consume loop took from RabbitMQ.
+	taken uint64
+}
+
+// took counts a message the consume loop took from RabbitMQ.
+func (v *overflowView) took() {
+	v.mu.Lock()
+	v.taken++
+	v.mu.Unlock()
 }
 
 // setMembers records the members the consume loop just read.
@@ -118,21 +67,69 @@ func (v *overflowView) setReady(work, intake int) {
 	v.mu.Unlock()
 }
 
-// decide reports whether a publish arriving now should go to the
-// dead-letter exchange at once: the members would not start it within the
-// TTL. When it stays, it is counted as ready in wq.<g>.
-func (v *overflowView) decide(now time.Time) (overflow bool) {
+// maxLocalPrediction bounds how far the local wait is predicted when
+// compared with other sites': their starts are rarely seconds away.
+const maxLocalPrediction = 10 * time.Second
+
+// decision is where a local publish goes.
+type decision struct {
+	// site is the other site it goes to straight away (RouteNearest).
+	site string
+	// overflow sends it to the dead-letter exchange at once.
+	overflow bool
+}
+
+// decide says where a publish arriving now goes. With router (the other
+// sites' states, RouteNearest) and a fresh state from some site, it goes
+// to whichever site, this one included, would start it soonest. Otherwise
+// it goes to the dead-letter exchange at once when the local members
+// would not start it within the TTL. When it stays, it is counted as ready
+// in wq.<g>. Members without a service estimate (they acknowledge on
+// receipt, or have finished nothing yet) cannot be predicted: the publish
+// stays, and the TTL decides, as in the thesis.
+func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.members != nil {
-		wait, ok := predictStart(v.members, now.Sub(v.seen), v.readyWork+v.readyIntake, v.ttl)
+		limit := v.ttl
+		if router != nil {
+			limit = max(limit, maxLocalPrediction)
+		}
+		wait, ok := wqroute.PredictStart(v.members, now.Sub(v.seen), v.readyWork+v.readyIntake, limit)
+		if ok && router != nil {
+			if c := router.Route(now, wait, v.ttl); c.Fresh {
+				if c.Site != "" {
+					v.overflowed++
+					return decision{site: c.Site}
+				}
+				v.readyWork++
+				return decision{}
+			}
+		}
 		if ok && wait > v.ttl {
 			v.overflowed++
-			return true
+			return decision{overflow: true}
 		}
 	}
 	v.readyWork++
-	return false
+	return decision{}
+}
+
+// state is the group state this broker publishes for the other sites'
+// routers: the members' predicted waits as of now, and the other sites'
+// messages ready in the intake queue.
+// taken counts the other sites' messages taken from the intake, by
+// origin. It also returns how many messages the consume loop has taken so
+// far.
+func (v *overflowView) state(site, broker, boot string, now time.Time, taken map[string]uint64) (wqroute.State, uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	st := wqroute.StateOf(site, broker, boot, now, v.readyIntake, v.members, taken)
+	elapsed := now.Sub(v.seen)
+	for i := range st.Members {
+		st.Members[i].Wait = max(st.Members[i].Wait-elapsed, 0)
+	}
+	return st, v.taken
 }
 
 // takeOverflowed returns how many publishes overflowed at publish since

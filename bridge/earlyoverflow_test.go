@@ -4,59 +4,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/luffymq/luffymq/bridge/wqroute"
 	"github.com/luffymq/luffymq/scoring"
 )
 
 func member(wait, service time.Duration) scoring.MemberSnapshot {
 	return scoring.MemberSnapshot{Online: true, PredictedWait: wait, ServiceEstimate: service}
-}
-
-func TestPredictStart(t *testing.T) {
-	ms := time.Millisecond
-	long := time.Hour
-	tests := []struct {
-		name    string
-		members []scoring.MemberSnapshot
-		elapsed time.Duration
-		ahead   int
-		limit   time.Duration
-		want    time.Duration
-		ok      bool
-	}{
-		{"an idle member starts it at once", []scoring.MemberSnapshot{member(0, 100*ms)}, 0, 0, long, 0, true},
-		{"the member that frees first takes it", []scoring.MemberSnapshot{member(80*ms, 100*ms), member(30*ms, 100*ms)}, 0, 0, long, 30 * ms, true},
-		// Free at 30 and 80 ms: the messages ahead go at 30 (to b, then
-		// free at 130) and 80 (to a, then free at 180); the new one at 130.
-		{"messages ahead go first, each to the member free first", []scoring.MemberSnapshot{member(80*ms, 100*ms), member(30*ms, 100*ms)}, 0, 2, long, 130 * ms, true},
-		{"a fast member takes several while a slow one works", []scoring.MemberSnapshot{member(0, 10*ms), member(0, time.Second)}, 0, 5, long, 40 * ms, true},
-		{"time since the reading counts", []scoring.MemberSnapshot{member(80*ms, 100*ms)}, 50 * ms, 0, long, 30 * ms, true},
-		{"a wait read long ago is over", []scoring.MemberSnapshot{member(80*ms, 100*ms)}, time.Second, 1, long, 100 * ms, true},
-		{"offline members take nothing", []scoring.MemberSnapshot{{Online: false}, member(20*ms, 100*ms)}, 0, 0, long, 20 * ms, true},
-		{"stops once above the limit", []scoring.MemberSnapshot{member(0, 100*ms)}, 0, 1_000_000, 250 * ms, 300 * ms, true},
-		{"no service estimate: no prediction", []scoring.MemberSnapshot{member(0, 100*ms), {Online: true}}, 0, 0, long, 0, false},
-		{"no member online: no prediction", []scoring.MemberSnapshot{{Online: false, ServiceEstimate: ms}}, 0, 0, long, 0, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, ok := predictStart(tt.members, tt.elapsed, tt.ahead, tt.limit)
-			if ok != tt.ok || (ok && got != tt.want) {
-				t.Fatalf("predictStart = %v, %v; want %v, %v", got, ok, tt.want, tt.ok)
-			}
-		})
-	}
-}
-
-// A group larger than maxSimulatedMembers is predicted as a fluid: 64
-// idle members of 100 ms get through 640 messages in 1 s.
-func TestPredictStartFluid(t *testing.T) {
-	members := make([]scoring.MemberSnapshot, 64)
-	for i := range members {
-		members[i] = member(0, 100*time.Millisecond)
-	}
-	got, ok := predictStart(members, 0, 640, time.Hour)
-	if !ok || got != time.Second {
-		t.Fatalf("predictStart = %v, %v; want 1s, true", got, ok)
-	}
 }
 
 func TestOverflowViewDecide(t *testing.T) {
@@ -65,17 +18,17 @@ func TestOverflowViewDecide(t *testing.T) {
 	var v overflowView
 	// Before the consume loop has read the members nothing overflows, and
 	// what stays is counted as ready.
-	if v.decide(now) {
+	if v.decide(now, nil).overflow {
 		t.Fatal("overflowed without members")
 	}
 	// One member free in 20 ms, 100 ms a message, TTL 150 ms: with one
 	// message ready ahead (the one above) the new one would start at
 	// 120 ms and stays; the next would start at 220 ms and leaves.
 	v.setMembers([]scoring.MemberSnapshot{member(20*ms, 100*ms)}, 150*ms, now)
-	if v.decide(now) {
+	if v.decide(now, nil).overflow {
 		t.Fatal("a publish that starts within the TTL overflowed")
 	}
-	if !v.decide(now) {
+	if !v.decide(now, nil).overflow {
 		t.Fatal("a publish that would wait past the TTL stayed")
 	}
 	if v.readyWork != 2 {
@@ -87,7 +40,7 @@ func TestOverflowViewDecide(t *testing.T) {
 		t.Fatalf("ready = %d, %d", v.readyWork, v.readyIntake)
 	}
 	v.setReady(-1, 3) // three other sites' messages are served first
-	if !v.decide(now) {
+	if !v.decide(now, nil).overflow {
 		t.Fatal("stayed behind three intake messages")
 	}
 	if n := v.takeOverflowed(); n != 2 {
@@ -134,7 +87,7 @@ func BenchmarkOverflowDecide(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		v.setReady(10, 2)
-		v.decide(now)
+		v.decide(now, nil)
 	}
 }
 
@@ -144,5 +97,47 @@ func TestIntakePollInterval(t *testing.T) {
 	}
 	if got := intakePollInterval(time.Minute); got != 50*time.Millisecond {
 		t.Errorf("after a quiet minute: %v, want 50ms", got)
+	}
+}
+
+// With the other sites' states, a publish goes to the site that starts
+// it soonest, delay included, even when the local wait is under the TTL;
+// with no fresh state the TTL rule holds.
+func TestOverflowViewDecideRoutes(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Now()
+	var v overflowView
+	// One local member busy for 80 ms more, TTL 200 ms.
+	v.setMembers([]scoring.MemberSnapshot{member(80*ms, 100*ms)}, 200*ms, now)
+	r := wqroute.NewRouter(wqroute.Config{StaleAfter: time.Second})
+	if d := v.decide(now, r); d.site != "" || d.overflow {
+		t.Fatalf("no state yet: %+v, want local", d)
+	}
+	// An idle site 20 ms away starts the next one at 20 ms, before the
+	// local member's 180 ms (one message now ready ahead of it).
+	st := wqroute.State{Site: "near", Sent: now.UnixNano(), Members: []wqroute.MemberState{{Service: 100 * ms}}}
+	r.Observe(st, now.Add(20*ms))
+	if d := v.decide(now.Add(20*ms), r); d.site != "near" {
+		t.Fatalf("idle site 20 ms away: %+v, want near", d)
+	}
+	// The next would wait behind the one booked there (120 ms), behind
+	// the local 160 ms: near again; then local at 160 < near at 220.
+	if d := v.decide(now.Add(20*ms), r); d.site != "near" {
+		t.Fatalf("second: %+v, want near", d)
+	}
+	if d := v.decide(now.Add(20*ms), r); d.site != "" || d.overflow {
+		t.Fatalf("third: %+v, want local", d)
+	}
+	if n := v.takeOverflowed(); n != 2 {
+		t.Fatalf("takeOverflowed = %d, want 2 (the routed publishes)", n)
+	}
+	// The next would wait 260 ms here, past the TTL, and leave through
+	// the hash ring: it goes to near, slower (320 ms) but chosen.
+	if d := v.decide(now.Add(20*ms), r); d.site != "near" {
+		t.Fatalf("past the TTL: %+v, want near", d)
+	}
+	// State is published with the waits as of now.
+	if got, _ := v.state("here", "b1", "boot", now.Add(30*ms), nil); got.Members[0].Wait != 50*ms || got.Site != "here" {
+		t.Fatalf("state = %+v, want the member's wait 50ms", got)
 	}
 }

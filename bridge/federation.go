@@ -147,6 +147,9 @@ type ExchangeFederation struct {
 	// Upstreams are the nodes Exchange receives from; Upstream.Site only
 	// names the upstream ("luffymq-x:<exchange>:<site>").
 	Upstreams []Upstream
+	// MaxHops overrides FederationConfig.MaxHops for these links (0: the
+	// config's).
+	MaxHops int
 }
 
 // ApplyFederation makes the node's federation match cfg through the
@@ -323,7 +326,11 @@ func applyExchangeFederation(ctx context.Context, rh *rabbithole.Client, cfg Fed
 			}
 			name := setName + ":" + u.Site
 			wantUp[name] = true
-			if err := checkResponse(rh.PutFederationUpstream(cfg.Vhost, name, cfg.definition(u.URI, x.UpstreamExchange))); err != nil {
+			def := cfg.definition(u.URI, x.UpstreamExchange)
+			if x.MaxHops > 0 {
+				def.MaxHops = x.MaxHops
+			}
+			if err := checkResponse(rh.PutFederationUpstream(cfg.Vhost, name, def)); err != nil {
 				return fmt.Errorf("federation: setting upstream %s (%s) on %s: %w", name, redact(u.URI), cfg.ManagementURL, err)
 			}
 		}

@@ -64,6 +64,7 @@ func newStats(b *Bridge) *stats {
 			"wq_received": d("wq_messages_received_total", "Messages taken from a work queue, by source: local (wq.<g>), own_overflow (intake, published here), other_site (intake, published at another site).", "queue", "source"),
 			"wq_settled":  d("wq_messages_settled_total", "Work-queue messages settled with RabbitMQ, by outcome: completed (acknowledged after the member's PUBACK), requeued, duplicate, unmappable.", "queue", "outcome"),
 			"wq_overflow": d("wq_overflow_received_total", "Messages that overflowed (TTL or max length) out of the work queue of origin site and were received here; origin equal to site means they came back.", "queue", "origin"),
+			"wq_routed":   d("wq_routed_total", "Local publishes sent straight to another site's intake, because its members would start them sooner than the local ones, one-way delay included (--wq-route nearest).", "queue", "to"),
 			"wq_at_pub":   d("wq_overflow_at_publish_total", "Local publishes sent to the work queue's dead-letter exchange at once, because the local members would not have started them within the queue's TTL (off with --wq-ttl-overflow-only).", "queue"),
 			"wq_ttl":      d("wq_ttl_seconds", "Current message TTL of the work queue's policy (eq. 2.12).", "queue"),
 			"wq_maxlen":   d("wq_max_length", "Current max length of the work queue's policy (eq. 2.12).", "queue"),
@@ -120,6 +121,9 @@ type wqCounters struct {
 	// atPublish counts local publishes sent to the dead-letter exchange at
 	// once (overflow at publish).
 	atPublish uint64
+	// routedTo counts local publishes routed to another site at once, by
+	// site (--wq-route nearest).
+	routedTo  map[string]uint64
 	settled   map[string]uint64
 	fromSites map[string]uint64
 }
@@ -127,7 +131,7 @@ type wqCounters struct {
 func (s *stats) wqGroup(g string) *wqCounters {
 	c := s.wq[g]
 	if c == nil {
-		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}}
+		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}}
 		s.wq[g] = c
 	}
 	return c
@@ -143,6 +147,24 @@ func (s *stats) wqOverflowAtPublish(g string) {
 	s.mu.Lock()
 	s.wqGroup(g).atPublish++
 	s.mu.Unlock()
+}
+
+func (s *stats) wqRoutedTo(g, site string) {
+	s.mu.Lock()
+	s.wqGroup(g).routedTo[site]++
+	s.mu.Unlock()
+}
+
+// wqTakenFrom returns a copy of group g's counts of other sites'
+// messages taken from the intake, by origin.
+func (s *stats) wqTakenFrom(g string) map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]uint64, len(s.wqGroup(g).fromSites))
+	for o, n := range s.wqGroup(g).fromSites {
+		out[o] = n
+	}
+	return out
 }
 
 func (s *stats) wqFromSite(g, origin string) {
@@ -171,6 +193,13 @@ type WorkQueueStats struct {
 	// FromSite splits FromOtherSites by origin site: the overflow of each
 	// other site that this site worked on.
 	FromSite map[string]uint64
+	// RoutedTo counts, by site, the local publishes sent straight to
+	// another site because its members would start them sooner, delay
+	// included (--wq-route nearest).
+	RoutedTo map[string]uint64
+	// StatesFresh counts the other sites whose group state is fresh and
+	// predictable: those --wq-route nearest may send publishes to.
+	StatesFresh int
 	// MaxLength, TTL and Weight are what the last retune applied.
 	MaxLength int
 	TTL       time.Duration
@@ -186,6 +215,11 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 	for _, g := range b.groups {
 		st := b.wqStates[g.name]
 		out[g.name] = WorkQueueStats{FromSite: map[string]uint64{}, MaxLength: st.maxLength, TTL: st.ttl, Weight: st.weight, InQueue: st.inQueue}
+		if g.router != nil {
+			w := out[g.name]
+			w.StatesFresh = g.router.FreshSites(time.Now())
+			out[g.name] = w
+		}
 	}
 	b.wqMu.Unlock()
 	s := b.stats
@@ -198,6 +232,10 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 		w.FromSite = map[string]uint64{}
 		for o, n := range c.fromSites {
 			w.FromSite[o] = n
+		}
+		w.RoutedTo = map[string]uint64{}
+		for o, n := range c.routedTo {
+			w.RoutedTo[o] = n
 		}
 		out[g] = w
 	}
@@ -293,6 +331,9 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_overflow"], prometheus.CounterValue, float64(n), q, o)
 		}
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_at_pub"], prometheus.CounterValue, float64(w.OverflowAtPublish), q)
+		for site, n := range w.RoutedTo {
+			ch <- prometheus.MustNewConstMetric(s.descs["wq_routed"], prometheus.CounterValue, float64(n), q, site)
+		}
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_ttl"], prometheus.GaugeValue, w.TTL.Seconds(), q)
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_maxlen"], prometheus.GaugeValue, float64(w.MaxLength), q)
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_weight"], prometheus.GaugeValue, float64(w.Weight), q)

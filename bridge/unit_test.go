@@ -180,6 +180,7 @@ func TestFederationFor(t *testing.T) {
 	require.Equal(t, []ExchangeFederation{
 		{Exchange: "pubsub.weather", Upstreams: []Upstream{{Site: "0", URI: "amqp://b:5672"}}},
 		{Exchange: "wq.jobs.in", UpstreamExchange: "wq.jobs.dlx", Upstreams: []Upstream{{Site: "0", URI: "amqp://b:5672"}, {Site: "1", URI: "amqp://c:5672"}}},
+		{Exchange: "wq.jobs.to", Upstreams: []Upstream{{Site: "0", URI: "amqp://b:5672"}, {Site: "1", URI: "amqp://c:5672"}}, MaxHops: 1},
 	}, xs)
 	for _, bad := range []string{`{"other":[]}`, `{"wq.a.b":[]}`, `{"pubsub.x":[{"uri":"http://x"}]}`} {
 		var m configMessage

@@ -179,9 +179,15 @@ func (b *Bridge) exportWork(pk packets.Packet) {
 		}
 		p := *pub
 		m := &outMsg{exchange: "", key: g.queue(), pub: p, label: g.queue(), wakesWork: true}
-		if !b.cfg.WorkQueue.TTLOverflowOnly && g.view.decide(time.Now()) {
-			m.exchange = DeadLetterExchangeName(g.name)
-			b.stats.wqOverflowAtPublish(g.name)
+		if !b.cfg.WorkQueue.TTLOverflowOnly {
+			switch d := g.view.decide(time.Now(), g.router); {
+			case d.site != "":
+				m.exchange, m.key, m.wakesWork = RouteExchangeName(g.name), d.site, false
+				b.stats.wqRoutedTo(g.name, d.site)
+			case d.overflow:
+				m.exchange = DeadLetterExchangeName(g.name)
+				b.stats.wqOverflowAtPublish(g.name)
+			}
 		}
 		if !b.outbox.push(m) {
 			b.stats.warnDropped(b.log)

@@ -167,43 +167,12 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 	if maxLength == 0 {
 		maxLength = 10
 	}
-	brokers := map[string]*broker.Broker{}
-	for _, name := range wqSites {
-		b, err := broker.New(broker.Config{
-			MQTTListen:        "127.0.0.1:0",
-			ReportInterval:    time.Second,
-			Logger:            testLogger(t),
-			AMQPURL:           h.Node(name).AMQPURL(),
-			AMQPManagementURL: h.Node(name).ManagementURL(),
-			Site:              name,
-			ExportGroups:      []string{share},
-			WorkQueue: bridge.WorkQueueConfig{
-				MaxLengthPerMember: maxLength,
-				TTLPerMember:       ttl,
-				TTLOverflowOnly:    s.ttlOverflowOnly,
-				RetuneInterval:     100 * time.Millisecond,
-			},
-		})
-		require.NoError(t, err)
-		require.NoError(t, b.Start())
-		t.Cleanup(func() { _ = b.Close() })
-		brokers[name] = b
-	}
-	// The controller's configuration messages: each site's intake
-	// federates from the other site's dead-letter exchange.
-	for _, name := range wqSites {
-		var ups []map[string]string
-		for _, other := range wqSites {
-			if other != name {
-				l, err := h.Link(h.Node(name), h.Node(other))
-				require.NoError(t, err)
-				ups = append(ups, map[string]string{"uri": l.AMQPURL()})
-			}
-		}
-		body, err := json.Marshal(map[string]any{bridge.WorkQueueName(s.group): ups})
-		require.NoError(t, err)
-		publishAMQP(t, h.Node(name).AMQPURL(), bridge.ConfigQueueName(name), body)
-	}
+	brokers := startWQSites(t, h, wqSites, share, bridge.WorkQueueConfig{
+		MaxLengthPerMember: maxLength,
+		TTLPerMember:       ttl,
+		TTLOverflowOnly:    s.ttlOverflowOnly,
+		RetuneInterval:     100 * time.Millisecond,
+	})
 	tl := newTally()
 	ws := map[string][]*worker{}
 	for site, services := range s.workers {
@@ -310,6 +279,46 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 	t.Logf("%s: sent %d, processed distinct %d (by site %v), duplicates %d, distinct message IDs %d; berlin %+v; tunis %+v",
 		s.group, r.sent, r.distinct, r.bySite, r.dups, r.ids, r.stats["berlin"], r.stats["tunis"])
 	return r
+}
+
+// startWQSites starts a broker exporting share at each of sites, with
+// work-queue configuration wqc, and sends each site's agent the
+// controller's configuration message: the group's intake (and route
+// exchange) federate from every other site.
+func startWQSites(t *testing.T, h *rabbitharness.Harness, sites []string, share string, wqc bridge.WorkQueueConfig) map[string]*broker.Broker {
+	t.Helper()
+	group := strings.Split(share, "/")[1]
+	brokers := map[string]*broker.Broker{}
+	for _, name := range sites {
+		b, err := broker.New(broker.Config{
+			MQTTListen:        "127.0.0.1:0",
+			ReportInterval:    time.Second,
+			Logger:            testLogger(t),
+			AMQPURL:           h.Node(name).AMQPURL(),
+			AMQPManagementURL: h.Node(name).ManagementURL(),
+			Site:              name,
+			ExportGroups:      []string{share},
+			WorkQueue:         wqc,
+		})
+		require.NoError(t, err)
+		require.NoError(t, b.Start())
+		t.Cleanup(func() { _ = b.Close() })
+		brokers[name] = b
+	}
+	for _, name := range sites {
+		var ups []map[string]string
+		for _, other := range sites {
+			if other != name {
+				l, err := h.Link(h.Node(name), h.Node(other))
+				require.NoError(t, err)
+				ups = append(ups, map[string]string{"uri": l.AMQPURL()})
+			}
+		}
+		body, err := json.Marshal(map[string]any{bridge.WorkQueueName(group): ups})
+		require.NoError(t, err)
+		publishAMQP(t, h.Node(name).AMQPURL(), bridge.ConfigQueueName(name), body)
+	}
+	return brokers
 }
 
 func otherSite(name string) string {

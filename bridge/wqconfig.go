@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/luffymq/luffymq/bridge/wqroute"
 	"github.com/luffymq/luffymq/scoring"
 )
 
@@ -38,6 +39,29 @@ func DeadLetterExchangeName(g string) string { return WorkQueuePrefix + g + ".dl
 // overflow of group g arrives: "wq.<g>.in", federated from their
 // "wq.<g>.dlx".
 func IntakeExchangeName(g string) string { return WorkQueuePrefix + g + ".in" }
+
+// RouteExchangeName returns the direct exchange through which a site
+// sends a message straight to the site chosen for it, with that site's
+// name as routing key, and publishes its group state (StateRoutingKey):
+// "wq.<g>.to", federated from every other site's own.
+func RouteExchangeName(g string) string { return WorkQueuePrefix + g + ".to" }
+
+// StateRoutingKey is the routing key of the group states each site
+// publishes on RouteExchangeName; every broker of every site binds it.
+const StateRoutingKey = "luffymq.state"
+
+// Work-queue routing of local publishes (WorkQueueConfig.Route).
+const (
+	// RouteRing: a publish the local members would not start within the
+	// TTL goes to the dead-letter exchange, whose consistent-hash ring
+	// picks a site in proportion to eq. 2.13's weights.
+	RouteRing = "ring"
+	// RouteNearest: each site publishes its group state; a publish goes
+	// straight to the site whose members would start it soonest, one-way
+	// delay included, when that is not this site; the ring stays for TTL
+	// expiries and while no other site's state is fresh.
+	RouteNearest = "nearest"
+)
 
 // IntakeQueueName returns the queue holding group g's overflow that this
 // site accepted (its own or other sites'): "luffymq.wqin.<g>". It has no
@@ -105,6 +129,13 @@ type WorkQueueConfig struct {
 	// start within the TTL goes to the dead-letter exchange at once
 	// (overflow at publish, see earlyoverflow.go).
 	TTLOverflowOnly bool
+	// Route is RouteNearest (the default) or RouteRing. It has no effect
+	// with TTLOverflowOnly.
+	Route string
+	// StateInterval is how often at most a broker publishes its group
+	// state with RouteNearest (100 ms); it publishes at least every 10
+	// intervals while nothing changes.
+	StateInterval time.Duration
 	// Federation sets the federation links created from configuration
 	// messages (ManagementURL and credentials are taken from above).
 	Federation FederationConfig
@@ -153,6 +184,16 @@ func (c WorkQueueConfig) withDefaults(amqpURL string, groups bool) (WorkQueueCon
 	if c.RetuneInterval == 0 {
 		c.RetuneInterval = DefaultRetuneInterval
 	}
+	switch c.Route {
+	case "":
+		c.Route = RouteNearest
+	case RouteNearest, RouteRing:
+	default:
+		return c, fmt.Errorf("%w: wq-route %q: want %s or %s", ErrInvalidConfig, c.Route, RouteNearest, RouteRing)
+	}
+	if c.StateInterval <= 0 {
+		c.StateInterval = 100 * time.Millisecond
+	}
 	if c.DeliveryTimeout <= 0 {
 		c.DeliveryTimeout = 10 * time.Second
 	}
@@ -182,6 +223,9 @@ type workGroup struct {
 	share  string // $share/<g>/<filter>, the scoring and Mochi group key
 	filter string
 	view   overflowView // read by overflow at publish
+	// router holds the other sites' states (nil unless the routing is
+	// RouteNearest).
+	router *wqroute.Router
 }
 
 func (g *workGroup) queue() string { return WorkQueueName(g.name) }

@@ -32,6 +32,9 @@ func TestWQConfigTuning(t *testing.T) {
 	capa := c.capacity(idle)
 	require.Equal(t, 600, capa.MaxLength)
 	require.Equal(t, 100*time.Millisecond, capa.TTL)
+	require.Equal(t, RouteNearest, c.Route, "default routing")
+	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteRing}, "berlin"))
+	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteNearest, TTLOverflowOnly: true}, "berlin"), "the thesis's rule routes nothing at publish")
 
 	for _, tt := range []struct {
 		cfg  WorkQueueConfig
@@ -43,6 +46,7 @@ func TestWQConfigTuning(t *testing.T) {
 		{WorkQueueConfig{UnackedPerMember: -1}, "wq-unacked-per-member -1 is negative"},
 		{WorkQueueConfig{RetuneInterval: -time.Second}, "wq-retune-interval -1s: want 10ms or more"},
 		{WorkQueueConfig{RetuneInterval: time.Millisecond}, "wq-retune-interval 1ms: want 10ms or more"},
+		{WorkQueueConfig{Route: "closest"}, `wq-route "closest": want nearest or ring`},
 	} {
 		_, err := tt.cfg.withDefaults("amqp://127.0.0.1/", false)
 		require.ErrorIs(t, err, ErrInvalidConfig)

@@ -250,8 +250,10 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 			g.view.setReady(0, 0)
 		case source == fromOwnOverflow:
 			g.view.setReady(-1, int(d.MessageCount))
+			g.view.took()
 		default:
 			g.view.setReady(int(d.MessageCount), 0)
+			g.view.took()
 		}
 		if !ok {
 			if !wait(idle) {
@@ -383,17 +385,11 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 	}
 	st.owner = true
 	c := turn.site
-	inQueue := turn.unacked
-	var ready [2]int
-	for i, q := range []string{g.queue(), IntakeQueueName(g.name)} {
-		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
-		if err != nil {
-			return fmt.Errorf("reading depth of %s: %w", q, err)
-		}
-		ready[i] = info.Messages
-		inQueue += info.Messages
+	work, intake, err := readReady(ch, g)
+	if err != nil {
+		return err
 	}
-	g.view.setReady(ready[0], ready[1])
+	inQueue := turn.unacked + work + intake
 	w := weight(c.MaxLength, inQueue)
 	inW := w
 	if c.Online == 0 {
@@ -455,6 +451,21 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 	b.wqStates[g.name] = st
 	b.wqMu.Unlock()
 	return nil
+}
+
+// readReady reads the messages ready in group g's queue and intake queue
+// and records them in g's overflow view.
+func readReady(ch *amqp.Channel, g *workGroup) (work, intake int, err error) {
+	var ready [2]int
+	for i, q := range []string{g.queue(), IntakeQueueName(g.name)} {
+		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		if err != nil {
+			return 0, 0, fmt.Errorf("reading depth of %s: %w", q, err)
+		}
+		ready[i] = info.Messages
+	}
+	g.view.setReady(ready[0], ready[1])
+	return ready[0], ready[1], nil
 }
 
 // intakeWeightMatters reports whether the intake's weight should move
@@ -538,7 +549,8 @@ type configMessage map[string][]struct {
 
 // federationFor turns a configuration message into per-exchange
 // federations: a "pubsub*" exchange is federated as itself; "wq.<g>"
-// federates wq.<g>.in from the upstreams' wq.<g>.dlx.
+// federates wq.<g>.in from the upstreams' wq.<g>.dlx, and wq.<g>.to from
+// theirs (states and messages routed to this site, see wqrouting.go).
 func federationFor(m configMessage) ([]ExchangeFederation, error) {
 	out := []ExchangeFederation{}
 	for name, ups := range m {
@@ -560,6 +572,12 @@ func federationFor(m configMessage) ([]ExchangeFederation, error) {
 			x.Upstreams = append(x.Upstreams, Upstream{Site: strconv.Itoa(i), URI: u.URI})
 		}
 		out = append(out, x)
+		if g, ok := strings.CutPrefix(name, WorkQueuePrefix); ok {
+			// One hop: wq.<g>.to is federated as itself, so with more a
+			// state or message would come back through third sites, late
+			// and duplicated.
+			out = append(out, ExchangeFederation{Exchange: RouteExchangeName(g), Upstreams: x.Upstreams, MaxHops: 1})
+		}
 	}
 	return out, nil
 }

@@ -120,6 +120,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	wqTTL := fs.Duration("wq-ttl-per-member", bridge.DefaultTTLPerMember, "with --export-group: eq. 2.12's C for the work queue's message TTL, per available member; a message waits in wq.<group> at most about this times the site's available members before it overflows to the dead-letter exchange (and possibly another site)")
 	wqMaxLength := fs.Int("wq-max-length-per-member", bridge.DefaultMaxLengthPerMember, "with --export-group: eq. 2.12's C for the work queue's max length, in messages per available member (also the scale of the site's overflow weight, eq. 2.13)")
 	wqTTLOnly := fs.Bool("wq-ttl-overflow-only", false, "with --export-group: keep the thesis's rule, a local publish always waits in wq.<group> until its TTL expires before it overflows; by default a publish that the local members would not start within the TTL overflows at once")
+	wqRoute := fs.String("wq-route", bridge.RouteNearest, "with --export-group: where a local publish that another site would start sooner goes: nearest (each site publishes its group state about every 100 ms over federation, and the publish goes straight to the site whose members would start it soonest, one-way delay included; the consistent-hash ring stays for TTL expiries and while no state is fresh) or ring (the dead-letter exchange's consistent-hash ring, by eq. 2.13's weights, once the local members would not start it within the TTL); no effect with --wq-ttl-overflow-only")
 	wqUnacked := fs.Int("wq-unacked-per-member", bridge.DefaultUnackedPerMember, "with --export-group: most work-queue messages taken from RabbitMQ and not yet acknowledged, per online member")
 	wqRetune := fs.Duration("wq-retune-interval", bridge.DefaultRetuneInterval, "with --export-group: how often the work queue's TTL, max length and overflow weights are recomputed from the members' load (10ms or more)")
 	fs.Var(&exports, "export", "MQTT filter shared with the other sites through RabbitMQ (repeatable or comma-separated), e.g. sensors/#")
@@ -227,6 +228,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	cfg.WorkQueue.TTLPerMember, cfg.WorkQueue.MaxLengthPerMember = *wqTTL, *wqMaxLength
 	cfg.WorkQueue.UnackedPerMember, cfg.WorkQueue.RetuneInterval = *wqUnacked, *wqRetune
 	cfg.WorkQueue.TTLOverflowOnly = *wqTTLOnly
+	cfg.WorkQueue.Route = *wqRoute
 	cfg.Fsync = *fsync
 	cfg.HoldLead = *holdLead
 	cfg.AckTimeout = *ackTimeout

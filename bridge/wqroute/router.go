@@ -1,0 +1,249 @@
+package wqroute
+
+import (
+	"sync"
+	"time"
+
+	"github.com/luffymq/luffymq/scoring"
+)
+
+// State is one broker's work-group state as it publishes it to the other
+// sites: what a message sent to its site would wait behind.
+type State struct {
+	// Site and Broker name the publishing broker; Boot changes when it
+	// restarts (its Taken counts start again).
+	Site   string `json:"site"`
+	Broker string `json:"broker"`
+	Boot   string `json:"boot"`
+	// Sent is when it was published (Unix nanoseconds, the publisher's
+	// clock).
+	Sent int64 `json:"sent"`
+	// Intake counts the other sites' messages ready in the site's intake
+	// queue: a message routed to the site waits behind them, not behind
+	// the site's own queue, which its brokers serve after the intake.
+	Intake int `json:"intake"`
+	// Members are the group's online members as the broker predicts them.
+	Members []MemberState `json:"members"`
+	// Taken counts, by origin site, the other sites' messages the broker
+	// has taken from its intake since it started.
+	Taken map[string]uint64 `json:"taken"`
+}
+
+// MemberState is one online member in a State.
+type MemberState struct {
+	// Wait is how long a message handed to it at Sent would wait before
+	// it starts (0: idle).
+	Wait time.Duration `json:"wait"`
+	// Service is its learned service time per message; 0 when the broker
+	// has none (a member that acknowledges on receipt or has not finished
+	// anything yet), which makes the site's state unpredictable.
+	Service time.Duration `json:"service"`
+}
+
+// StateOf builds the State of members (online ones are kept).
+func StateOf(site, broker, boot string, sent time.Time, intake int, members []scoring.MemberSnapshot, taken map[string]uint64) State {
+	st := State{Site: site, Broker: broker, Boot: boot, Sent: sent.UnixNano(), Intake: intake, Taken: taken}
+	for _, m := range members {
+		if m.Online {
+			st.Members = append(st.Members, MemberState{Wait: m.PredictedWait, Service: m.ServiceEstimate})
+		}
+	}
+	return st
+}
+
+// Config tunes a Router.
+type Config struct {
+	// Site is the site the Router routes from: the key of the other
+	// sites' Taken counts that are its own.
+	Site string
+	// StaleAfter is how long a site's state counts after it arrived
+	// (2.5 s); an older one is ignored.
+	StaleAfter time.Duration
+}
+
+// maxPrediction bounds how far a site's start is predicted.
+const maxPrediction = time.Minute
+
+// delaySamples is how many (arrival − send time) samples of a site's
+// states the one-way delay estimate takes the minimum of.
+const delaySamples = 16
+
+// site is what a Router knows of one other site.
+type site struct {
+	name    string
+	members []scoring.MemberSnapshot
+	intake  int
+	sentAt  time.Time // the state's send time, in the publisher's clock
+	arrived time.Time // when it arrived, in ours
+	// samples are the last (arrived − sent) of its states; delay is
+	// their minimum: the one-way delay, assuming synchronised clocks (NTP;
+	// a skew adds to or takes from it).
+	samples [delaySamples]time.Duration
+	nSample int
+	delay   time.Duration
+	// sent counts the messages routed to the site; taken, from its
+	// last state, those of them it took from its intake. The difference
+	// is what is on its way or waiting there: in the federation link (a
+	// link that stalls or is cut keeps them, and the site's state cannot
+	// show them) or in its intake. base rebases sent when the site's
+	// broker restarts and counts from zero again.
+	sent, base, taken uint64
+	boot              string
+}
+
+// outstanding is how many of the messages routed to s it has not taken.
+func (s *site) outstanding() int {
+	if s.sent < s.base+s.taken {
+		return 0
+	}
+	return int(s.sent - s.base - s.taken)
+}
+
+// Router holds the other sites' states for one work group and chooses
+// where each message goes. It is safe for concurrent use.
+type Router struct {
+	cfg   Config
+	mu    sync.Mutex
+	sites []*site
+}
+
+// NewRouter returns a Router with no site known.
+func NewRouter(cfg Config) *Router {
+	if cfg.StaleAfter <= 0 {
+		cfg.StaleAfter = 2500 * time.Millisecond
+	}
+	return &Router{cfg: cfg}
+}
+
+// Observe records st, which arrived at arrived. States of one site from
+// several brokers are merged: the latest of each broker is not kept apart,
+// so a site of several brokers counts as its latest publisher's members.
+func (r *Router) Observe(st State, arrived time.Time) {
+	members := make([]scoring.MemberSnapshot, len(st.Members))
+	for i, m := range st.Members {
+		members[i] = scoring.MemberSnapshot{Online: true, PredictedWait: m.Wait, ServiceEstimate: m.Service}
+	}
+	sent := time.Unix(0, st.Sent)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.find(st.Site)
+	if s == nil {
+		s = &site{name: st.Site}
+		r.sites = append(r.sites, s)
+	}
+	if sent.Before(s.sentAt) {
+		return // overtaken by a newer state
+	}
+	taken := st.Taken[r.cfg.Site]
+	if st.Boot != s.boot {
+		// A restarted broker counts from zero: what it had not taken is
+		// requeued to the intake, which the state counts.
+		s.boot, s.base = st.Boot, s.sent-taken
+	}
+	s.taken = taken
+	s.members, s.intake, s.sentAt, s.arrived = members, st.Intake, sent, arrived
+	s.samples[s.nSample%delaySamples] = max(arrived.Sub(sent), 0)
+	s.nSample++
+	s.delay = s.samples[0]
+	for i := 1; i < min(s.nSample, delaySamples); i++ {
+		s.delay = min(s.delay, s.samples[i])
+	}
+}
+
+func (r *Router) find(name string) *site {
+	for _, s := range r.sites {
+		if s.name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// Choice is a Router's answer for one message.
+type Choice struct {
+	// Site is where the message goes; empty: it stays at the local site.
+	Site string
+	// Start is the predicted time from now until a member starts it,
+	// delay included.
+	Start time.Duration
+	// Fresh is false when no other site's state is fresh and predictable:
+	// the Router knows nothing, and the caller follows its old rule.
+	Fresh bool
+}
+
+// Route chooses where a message published now goes: the other site whose
+// one-way delay plus predicted wait is least, if it is less than local
+// (the local members' predicted wait), else the local site. When local
+// exceeds localLimit — the message would outlive its TTL in the local
+// queue and leave through the hash ring, to a site drawn by weight — it
+// goes to the best other site whatever its start. A message
+// routed to another site counts ahead of the next ones there until
+// that site's state shows it taken. Sites whose state is stale or
+// unpredictable (a member without a service time) are not candidates.
+// It allocates nothing.
+func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	mustLeave := local > localLimit
+	var best *site
+	var bestStart time.Duration
+	for _, s := range r.sites {
+		if now.Sub(s.arrived) > r.cfg.StaleAfter {
+			continue
+		}
+		limit := local
+		if mustLeave {
+			limit = maxPrediction
+		}
+		if best != nil {
+			limit = min(limit, bestStart)
+		}
+		start, ok := s.start(now, limit)
+		if !ok {
+			continue
+		}
+		if best == nil || start < bestStart {
+			best, bestStart = s, start
+		}
+	}
+	if best == nil {
+		return Choice{Start: local}
+	}
+	if bestStart >= local && !mustLeave {
+		return Choice{Start: local, Fresh: true}
+	}
+	best.sent++
+	return Choice{Site: best.name, Start: bestStart, Fresh: true}
+}
+
+// FreshSites counts the sites whose state is fresh at now and
+// predictable: the candidates of Route.
+func (r *Router) FreshSites(now time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.sites {
+		if now.Sub(s.arrived) > r.cfg.StaleAfter {
+			continue
+		}
+		if _, ok := PredictStart(s.members, 0, 0, 0); ok {
+			n++
+		}
+	}
+	return n
+}
+
+// start predicts how long from now a member of s would start a message
+// sent now: the one-way delay, then the wait behind what is ahead there:
+// the intake, or the messages routed there and not yet taken, if more
+// (they are on the way, or in the intake). It gives up above limit.
+func (s *site) start(now time.Time, limit time.Duration) (time.Duration, bool) {
+	// The state describes the site at (arrived − delay) in our clock; the
+	// message gets there at now + delay.
+	elapsed := now.Add(s.delay).Sub(s.arrived.Add(-s.delay))
+	wait, ok := PredictStart(s.members, elapsed, max(s.intake, s.outstanding()), max(limit-s.delay, 0))
+	if !ok {
+		return 0, false
+	}
+	return s.delay + wait, true
+}

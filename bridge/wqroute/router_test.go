@@ -1,0 +1,177 @@
+package wqroute
+
+import (
+	"testing"
+	"time"
+)
+
+const ms = time.Millisecond
+
+var t0 = time.Unix(1_000_000, 0)
+
+// stateAt is site's state sent at sent with members of the given waits,
+// each 100 ms a message.
+func stateAt(site string, sent time.Time, intake int, waits ...time.Duration) State {
+	st := State{Site: site, Broker: site + "-1", Sent: sent.UnixNano(), Intake: intake}
+	for _, w := range waits {
+		st.Members = append(st.Members, MemberState{Wait: w, Service: 100 * ms})
+	}
+	return st
+}
+
+func TestRouteNearestIdleWins(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	r.Observe(stateAt("far", t0, 0, 0), t0.Add(120*ms))
+	c := r.Route(t0.Add(120*ms), 300*ms, time.Hour)
+	if c.Site != "near" || c.Start != 20*ms || !c.Fresh {
+		t.Fatalf("Route = %+v, want near at 20ms", c)
+	}
+}
+
+func TestRouteFarIdleBeatsNearBusy(t *testing.T) {
+	r := NewRouter(Config{})
+	// The near site's only member is busy for 400 ms more when the state
+	// is taken; the far one is idle.
+	r.Observe(stateAt("near", t0, 0, 400*ms), t0.Add(20*ms))
+	r.Observe(stateAt("far", t0, 0, 0), t0.Add(120*ms))
+	c := r.Route(t0.Add(120*ms), time.Second, time.Hour)
+	if c.Site != "far" || c.Start != 120*ms {
+		t.Fatalf("Route = %+v, want far at 120ms", c)
+	}
+}
+
+func TestRouteLocalWhenSooner(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	if c := r.Route(t0.Add(20*ms), 19*ms, time.Hour); c.Site != "" || !c.Fresh {
+		t.Fatalf("Route = %+v, want local (fresh)", c)
+	}
+	// A tie stays local too.
+	if c := r.Route(t0.Add(20*ms), 20*ms, time.Hour); c.Site != "" {
+		t.Fatalf("Route on a tie = %+v, want local", c)
+	}
+}
+
+// Each message sent to a site waits behind those sent there before it
+// and not yet taken: one idle member of 100 ms at 20 ms takes the first
+// at 20 ms, the second at 120 ms; with a local wait of 100 ms the second
+// stays.
+func TestRouteCountsWhatItSentUntilTaken(t *testing.T) {
+	r := NewRouter(Config{Site: "here"})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	now := t0.Add(20 * ms)
+	if c := r.Route(now, 100*ms, time.Hour); c.Site != "near" {
+		t.Fatalf("first Route = %+v, want near", c)
+	}
+	if c := r.Route(now, 100*ms, time.Hour); c.Site != "" || c.Start != 100*ms {
+		t.Fatalf("second Route = %+v, want local", c)
+	}
+	// A later state that has not taken it yet (the link is slow, or
+	// cut) still counts it ahead, even with an empty intake.
+	r.Observe(stateAt("near", now.Add(40*ms), 0, 0), now.Add(60*ms))
+	if n := r.find("near").outstanding(); n != 1 {
+		t.Fatalf("outstanding before the site took it = %d, want 1", n)
+	}
+	// Once a state shows it taken, it no longer counts.
+	st := stateAt("near", now.Add(80*ms), 0, 80*ms)
+	st.Taken = map[string]uint64{"here": 1, "elsewhere": 7}
+	r.Observe(st, now.Add(100*ms))
+	if n := r.find("near").outstanding(); n != 0 {
+		t.Fatalf("outstanding after the site took it = %d, want 0", n)
+	}
+	// A restarted broker counts from zero again.
+	r.Route(now.Add(100*ms), time.Second, time.Hour)
+	st = stateAt("near", now.Add(120*ms), 0, 0)
+	st.Boot = "again"
+	r.Observe(st, now.Add(140*ms))
+	if n := r.find("near").outstanding(); n != 0 {
+		t.Fatalf("outstanding after a restart = %d, want 0", n)
+	}
+	r.Route(now.Add(140*ms), time.Second, time.Hour)
+	if n := r.find("near").outstanding(); n != 1 {
+		t.Fatalf("outstanding after a restart and one more message = %d, want 1", n)
+	}
+}
+
+// A message the local members would start only after its TTL would leave
+// through the hash ring: it goes to the best other site instead, even one
+// slower than the local members.
+func TestRouteLeavesWhenPastTheLocalLimit(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("far", t0, 0, 0), t0.Add(60*ms))
+	r.Observe(stateAt("farther", t0, 0, 0), t0.Add(120*ms))
+	if c := r.Route(t0.Add(120*ms), 30*ms, time.Hour); c.Site != "" {
+		t.Fatalf("Route within the limit = %+v, want local", c)
+	}
+	if c := r.Route(t0.Add(120*ms), 30*ms, 25*ms); c.Site != "far" || c.Start != 60*ms {
+		t.Fatalf("Route past the limit = %+v, want far at 60ms", c)
+	}
+}
+
+func TestRouteIntakeCountsAhead(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("near", t0, 3, 0), t0.Add(20*ms))
+	c := r.Route(t0.Add(20*ms), time.Second, time.Hour)
+	// Three ahead on one 100 ms member: it starts at 20 + 300 ms.
+	if c.Site != "near" || c.Start != 320*ms {
+		t.Fatalf("Route = %+v, want near at 320ms", c)
+	}
+}
+
+func TestRouteStaleAndUnpredictableAreIgnored(t *testing.T) {
+	r := NewRouter(Config{StaleAfter: time.Second})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	if n := r.FreshSites(t0.Add(1000 * ms)); n != 1 {
+		t.Fatalf("FreshSites before the state is stale = %d, want 1", n)
+	}
+	if c := r.Route(t0.Add(1100*ms), time.Second, time.Hour); c.Site != "" || c.Fresh {
+		t.Fatalf("Route with a stale state = %+v, want no fresh state", c)
+	}
+	// A site with a member whose service time is unknown (it acknowledges
+	// on receipt) cannot be predicted.
+	st := stateAt("receipt", t0.Add(time.Second), 0, 0)
+	st.Members = append(st.Members, MemberState{})
+	r.Observe(st, t0.Add(1100*ms))
+	if c := r.Route(t0.Add(1100*ms), time.Second, time.Hour); c.Site != "" || c.Fresh {
+		t.Fatalf("Route with an unpredictable site = %+v, want no fresh state", c)
+	}
+	if n := r.FreshSites(t0.Add(1100 * ms)); n != 0 {
+		t.Fatalf("FreshSites = %d, want 0", n)
+	}
+}
+
+// The one-way delay is the least (arrival − send) seen: one state held up
+// by 200 ms does not make the site look far.
+func TestRouteDelayIsTheLeastSeen(t *testing.T) {
+	r := NewRouter(Config{})
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
+	r.Observe(stateAt("near", t0.Add(100*ms), 0, 0), t0.Add(300*ms))
+	if d := r.find("near").delay; d != 20*ms {
+		t.Fatalf("delay = %v, want 20ms", d)
+	}
+	// An older state arriving late changes nothing.
+	r.Observe(stateAt("near", t0.Add(50*ms), 5, 0), t0.Add(310*ms))
+	if s := r.find("near"); s.intake != 0 {
+		t.Fatalf("intake = %d after an older state, want 0", s.intake)
+	}
+}
+
+// BenchmarkRoute is the per-publish cost with four other sites of eight
+// busy members each: it must not allocate.
+func BenchmarkRoute(b *testing.B) {
+	r := NewRouter(Config{})
+	now := t0
+	for i, name := range []string{"a", "b", "c", "d"} {
+		waits := make([]time.Duration, 8)
+		for k := range waits {
+			waits[k] = time.Duration(k*10+i) * ms
+		}
+		r.Observe(stateAt(name, now, 2, waits...), now.Add(time.Duration(20*(i+1))*ms))
+	}
+	now = now.Add(100 * ms)
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Route(now, 150*ms, time.Hour)
+	}
+}

@@ -1,0 +1,156 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/luffymq/luffymq/bridge/wqroute"
+)
+
+// Routing each publish to the site that starts it soonest (RouteNearest).
+//
+// Every broker that exports group g publishes the group's state (its
+// members' predicted waits and service times, the other sites' messages
+// ready in its intake, the time it sent it) on wq.<g>.to with the key
+// StateRoutingKey: at most every StateInterval while it changes, and every
+// stateHeartbeatIntervals intervals while it does not. Federation carries
+// it to every other site (each one's wq.<g>.to federates from the
+// others'), where the brokers of g read it into g's router. A local
+// publish then goes to the site — this one or another — where a member
+// would start it soonest, one-way delay included (overflowView.decide):
+// to another site by a publish on the local wq.<g>.to with that site's
+// name as routing key, which its federation link carries to its intake
+// queue. wq.<g>.to's alternate exchange is the local intake's ring
+// exchange: a message whose site's link is not bound (yet) is served
+// here rather than dropped.
+
+// stateHeartbeatIntervals is how many StateIntervals at most pass between
+// two states of a broker that saw no change.
+const stateHeartbeatIntervals = 5
+
+// stateStaleIntervals is how many StateIntervals a state counts after it
+// arrived: three heartbeats.
+const stateStaleIntervals = 3 * stateHeartbeatIntervals
+
+// stateTTL bounds how long a state waits in a federation link's queue
+// while the link is down: an older one would be ignored anyway.
+const stateTTL = "1000"
+
+// newGroupRouter returns the router of an exported group of site, or nil
+// when c does not route by the other sites' states.
+func newGroupRouter(c WorkQueueConfig, site string) *wqroute.Router {
+	if c.Route != RouteNearest || c.TTLOverflowOnly {
+		return nil
+	}
+	return wqroute.NewRouter(wqroute.Config{Site: site, StaleAfter: stateStaleIntervals * c.StateInterval})
+}
+
+// declareRouteTopology creates group g's route exchange and binds the
+// local intake to it with this site's name.
+func declareRouteTopology(ch *amqp.Channel, g, site string) error {
+	x := RouteExchangeName(g)
+	args := amqp.Table{"alternate-exchange": ringExchange(g, 0)}
+	if err := ch.ExchangeDeclare(x, amqp.ExchangeDirect, true, false, false, false, args); err != nil {
+		return fmt.Errorf("declaring exchange %s: %w", x, err)
+	}
+	if err := ch.QueueBind(IntakeQueueName(g), site, x, false, nil); err != nil {
+		return fmt.Errorf("binding %s to %s: %w", IntakeQueueName(g), x, err)
+	}
+	return nil
+}
+
+// stateChange is what of a group's state makes a broker publish it before
+// its heartbeat is due: its members, the intake, and any message taken
+// since (the other sites' routers book what they send until a state shows
+// it; a member that took and finished a message between two looks would
+// otherwise look unchanged, and the bookings would pile up).
+type stateChange struct {
+	online, idle, intake int
+	taken                uint64
+}
+
+func changeOf(st wqroute.State, taken uint64) stateChange {
+	c := stateChange{online: len(st.Members), intake: st.Intake, taken: taken}
+	for _, m := range st.Members {
+		if m.Wait == 0 {
+			c.idle++
+		}
+	}
+	return c
+}
+
+// stateLoop publishes group g's state for the other sites and reads
+// theirs into g's router, on a channel of its own.
+func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGroup) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening work-queue state channel for %s: %w", g.queue(), err)
+	}
+	defer ch.Close()
+	x := RouteExchangeName(g.name)
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		return fmt.Errorf("declaring work-queue state queue for %s: %w", g.queue(), err)
+	}
+	if err := ch.QueueBind(q.Name, StateRoutingKey, x, false, nil); err != nil {
+		return fmt.Errorf("binding work-queue state queue to %s: %w", x, err)
+	}
+	states, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consuming work-queue states of %s: %w", g.queue(), err)
+	}
+	interval := b.cfg.WorkQueue.StateInterval
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	var last stateChange
+	var lastSent time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-states:
+			if !ok {
+				return fmt.Errorf("work-queue state consumer of %s cancelled", g.queue())
+			}
+			var st wqroute.State
+			if err := json.Unmarshal(d.Body, &st); err != nil || st.Site == "" {
+				b.log.Debug("bridge: ignoring a malformed work-queue state", "exchange", x, "error", err)
+				continue
+			}
+			if st.Site != b.cfg.Site {
+				g.router.Observe(st, time.Now())
+			}
+		case now := <-tick.C:
+			// The ready counts the consume loop saw at its last
+			// basic.get are old while the members are busy: what arrived
+			// since would be missing from the state, and the other
+			// sites would forget their bookings on the strength of it.
+			if _, _, err := readReady(ch, g); err != nil {
+				return err
+			}
+			st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now, b.stats.wqTakenFrom(g.name))
+			c := changeOf(st, taken)
+			if c == last && now.Sub(lastSent) < stateHeartbeatIntervals*interval {
+				continue
+			}
+			body, err := json.Marshal(st)
+			if err != nil {
+				return fmt.Errorf("encoding work-queue state: %w", err)
+			}
+			err = ch.PublishWithContext(ctx, x, StateRoutingKey, false, false, amqp.Publishing{
+				ContentType: "application/json", DeliveryMode: amqp.Transient, Expiration: stateTTL,
+				Timestamp: now, AppId: "luffymq", Body: body,
+				Headers: amqp.Table{HeaderOrigin: b.cfg.Site, HeaderBroker: b.cfg.BrokerID, "x-luffymq-sent": strconv.FormatInt(st.Sent, 10)},
+			})
+			if err != nil {
+				return fmt.Errorf("publishing work-queue state on %s: %w", x, err)
+			}
+			last, lastSent = c, now
+		}
+	}
+}
