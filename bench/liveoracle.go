@@ -17,7 +17,11 @@ import (
 // (the emulator's end of its last service) plus the exact work of what was
 // sent to it and not yet started. Unlike the replayed oracle it routes
 // through a real broker and pays the run's delivery delays, acks and
-// reports included; it is the reference a live policy can be held to.
+// reports included; it is the reference a live policy can be held to. Like
+// the replayed oracle it is greedy (earliest start for each message in
+// turn), not a proven lower bound: at 100 % utilisation on a loaded
+// machine adaptive has beaten it (thesis-2, thesis-format reporters:
+// 35.9 ms against 42.0 ms, medians of 2 runs).
 const SystemLiveOracle = "live-oracle"
 
 // liveOracleHook picks shared-group members for SystemLiveOracle.
