@@ -100,6 +100,9 @@ func New(cfg Config) (*Broker, error) {
 	// Mochi allocates a packet's whole remaining length before reading
 	// it; without a limit one client could make it allocate 256 MiB.
 	capabilities.MaximumPacketSize = uint32(cfg.MaxPacketSize)
+	// Mochi's per-client write queue: what --max-pending-writes says, or
+	// sized from the outbox, which bounds the bytes (see PendingWritesFor).
+	capabilities.MaximumClientWritesPending = int32(PendingWritesFor(cfg.MaxQueuedBytes))
 	if cfg.MaxPendingWrites > 0 {
 		capabilities.MaximumClientWritesPending = int32(cfg.MaxPendingWrites)
 	}
