@@ -101,6 +101,11 @@ type Config struct {
 	// to it are dropped and counted (8 MiB); above twice this, the client
 	// is disconnected, its session keeping its QoS≥1 messages.
 	MaxQueuedBytes int
+	// MemoryTrimStep: once this many connections arrived, or the number
+	// connected moved by this many, and no connection arrived for a
+	// second, the broker returns the memory it freed to the OS (see
+	// memtrim.go). 0 selects DefaultMemoryTrimStep; negative never trims.
+	MemoryTrimStep int
 	// MaxPendingWrites is Mochi's per-client queue of packets waiting for
 	// the client's write loop (Capabilities.MaximumClientWritesPending);
 	// a publish to a client whose queue is full is dropped and counted
@@ -270,6 +275,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.PublisherPacingMaxWait > hooks.MaxPacingMaxWait {
 		return c, fmt.Errorf("%w: publisher-pacing-max-wait %v is above %v", ErrInvalidConfig, c.PublisherPacingMaxWait, hooks.MaxPacingMaxWait)
+	}
+	if c.MemoryTrimStep == 0 {
+		c.MemoryTrimStep = DefaultMemoryTrimStep
 	}
 	if c.MaxQueuedBytes < 0 {
 		return c, fmt.Errorf("%w: max-queued-bytes %d is negative (0 selects %d)", ErrInvalidConfig, c.MaxQueuedBytes, pingreq.DefaultMaxQueuedBytes)
