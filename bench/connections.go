@@ -46,9 +46,10 @@ type ConnectionsConfig struct {
 	// one after another, a fresh broker of each system gets in each
 	// repeat (0: none).
 	Churn int `json:"churn_sessions"`
-	// SettleMax bounds the wait for the broker's RSS to stop moving
-	// before it is read.
-	SettleMax time.Duration `json:"settle_max_ns"`
+	// SettleWindow: the broker's RSS is read once it moved less than
+	// 0.5 % over this long (an idle broker), waiting at most SettleMax.
+	SettleWindow time.Duration `json:"settle_window_ns"`
+	SettleMax    time.Duration `json:"settle_max_ns"`
 	// DeliveryTimeout bounds the wait for the commands.
 	DeliveryTimeout time.Duration `json:"delivery_timeout_ns"`
 	// LuffyMQArgs are extra luffymq flags (an A/B of its options).
@@ -63,7 +64,7 @@ type ConnectionsConfig struct {
 // DefaultConnectionsConfig returns issue 21's sizes.
 func DefaultConnectionsConfig() ConnectionsConfig {
 	return ConnectionsConfig{Connections: 10000, Repeat: 3, Systems: slices.Clone(ConnectionsSystems), Dialers: 32,
-		Churn: 3000, SettleMax: 15 * time.Second, DeliveryTimeout: 60 * time.Second}
+		Churn: 3000, SettleWindow: 3 * time.Second, SettleMax: 20 * time.Second, DeliveryTimeout: 60 * time.Second}
 }
 
 func (c ConnectionsConfig) validate() error {
@@ -82,8 +83,8 @@ func (c ConnectionsConfig) validate() error {
 	if c.Churn < 0 || c.Churn > 1_000_000 {
 		return fmt.Errorf("--churn %d: want 0 to 1000000", c.Churn)
 	}
-	if c.SettleMax < time.Second || c.DeliveryTimeout <= 0 {
-		return errors.New("--settle-max must be at least 1s and --delivery-timeout positive")
+	if c.SettleWindow < time.Second || c.SettleMax < c.SettleWindow || c.DeliveryTimeout <= 0 {
+		return errors.New("--settle-window must be at least 1s, --settle-max at least the window and --delivery-timeout positive")
 	}
 	if len(c.Systems) == 0 {
 		return errors.New("no system to run")
@@ -179,11 +180,15 @@ func (b connectionsBroker) rss() (int64, error) {
 	return int64(mb * (1 << 20)), err
 }
 
-// settledRSS polls the broker's RSS every 500 ms until two readings a
-// second apart differ by less than 0.5 %, or max passes, and returns the
-// last reading.
-func (b connectionsBroker) settledRSS(ctx context.Context, limit time.Duration) (int64, error) {
+// rssPoll is how often settledRSS reads the broker's RSS.
+const rssPoll = 500 * time.Millisecond
+
+// settledRSS polls the broker's RSS until two readings window apart
+// differ by less than 0.5 %, or limit passes, and returns the last
+// reading.
+func (b connectionsBroker) settledRSS(ctx context.Context, window, limit time.Duration) (int64, error) {
 	deadline := time.Now().Add(limit)
+	back := int(window / rssPoll)
 	var hist []int64
 	for {
 		v, err := b.rss()
@@ -191,8 +196,8 @@ func (b connectionsBroker) settledRSS(ctx context.Context, limit time.Duration) 
 			return 0, fmt.Errorf("reading the broker's RSS: %w", err)
 		}
 		hist = append(hist, v)
-		if n := len(hist); n >= 3 {
-			prev := hist[n-3]
+		if n := len(hist); n > back {
+			prev := hist[n-1-back]
 			if d := v - prev; max(d, -d)*200 < prev {
 				return v, nil
 			}
@@ -203,7 +208,7 @@ func (b connectionsBroker) settledRSS(ctx context.Context, limit time.Duration) 
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(rssPoll):
 		}
 	}
 }
@@ -337,7 +342,7 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 		return err
 	}
 	defer closeNow(pubConn)
-	if run.RSSBeforeBytes, err = br.settledRSS(ctx, cfg.SettleMax); err != nil {
+	if run.RSSBeforeBytes, err = br.settledRSS(ctx, cfg.SettleWindow, cfg.SettleMax); err != nil {
 		return err
 	}
 
@@ -369,7 +374,7 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 	if err != nil {
 		return fmt.Errorf("%d of %d subscribed: %w", run.Subscribed, n, err)
 	}
-	if run.RSSAfterBytes, err = br.settledRSS(ctx, cfg.SettleMax); err != nil {
+	if run.RSSAfterBytes, err = br.settledRSS(ctx, cfg.SettleWindow, cfg.SettleMax); err != nil {
 		return err
 	}
 	run.RSSPerConnBytes = float64(run.RSSAfterBytes-run.RSSBeforeBytes) / float64(run.Subscribed)
@@ -421,7 +426,7 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 // runChurn runs cfg.Churn short sessions one after another against br.
 func runChurn(ctx context.Context, cfg ConnectionsConfig, br connectionsBroker, run *ChurnRun) error {
 	var err error
-	if run.RSSBeforeBytes, err = br.settledRSS(ctx, cfg.SettleMax); err != nil {
+	if run.RSSBeforeBytes, err = br.settledRSS(ctx, cfg.SettleWindow, cfg.SettleMax); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -444,7 +449,7 @@ func runChurn(ctx context.Context, cfg ConnectionsConfig, br connectionsBroker, 
 		run.Completed++
 	}
 	run.Seconds = time.Since(start).Seconds()
-	run.RSSAfterBytes, err = br.settledRSS(ctx, cfg.SettleMax)
+	run.RSSAfterBytes, err = br.settledRSS(ctx, cfg.SettleWindow, cfg.SettleMax)
 	return err
 }
 
@@ -548,6 +553,7 @@ func connectionsCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	luffymq := fs.String("luffymq", "", "luffymq binary (default: build ./cmd/luffymq of the current module)")
 	dialers := fs.Int("dialers", d.Dialers, "connections set up at once")
 	churn := fs.Int("churn", d.Churn, "short sessions (connect, subscribe, disconnect) one after another on a fresh broker of each system per repeat (0: none)")
+	window := fs.Duration("settle-window", d.SettleWindow, "the broker's RSS is read once it moved less than 0.5 % over this long")
 	settle := fs.Duration("settle-max", d.SettleMax, "longest wait for the broker's RSS to settle before it is read")
 	delivery := fs.Duration("delivery-timeout", d.DeliveryTimeout, "longest wait for the commands to arrive")
 	var extra stringList
@@ -560,7 +566,7 @@ func connectionsCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	}
 	cfg := d
 	cfg.Out, cfg.Connections, cfg.Repeat, cfg.Systems, cfg.LuffyMQ = *out, *n, *repeat, splitList(*systems), *luffymq
-	cfg.Dialers, cfg.Churn, cfg.SettleMax, cfg.DeliveryTimeout, cfg.LuffyMQArgs = *dialers, *churn, *settle, *delivery, extra
+	cfg.Dialers, cfg.Churn, cfg.SettleWindow, cfg.SettleMax, cfg.DeliveryTimeout, cfg.LuffyMQArgs = *dialers, *churn, *window, *settle, *delivery, extra
 	cfg.Progress = stdout
 	return RunConnections(ctx, cfg)
 }

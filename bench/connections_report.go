@@ -94,7 +94,7 @@ func connectionsNotes(cfg ConnectionsConfig, fdl FDLimit) []string {
 	notes := []string{
 		"Every broker runs as a process of its own on loopback, a fresh one per run: luffymq (the real binary, default flags" + argsNote(cfg.LuffyMQArgs) + "), vanilla Mochi as `luffy-bench " + MochiServerCommand + "` with default options, Mosquitto with set_tcp_nodelay true and persistence off.",
 		fmt.Sprintf("Devices are raw MQTT v5 clients (paho.golang's packet codec over net.Conn, no goroutine while idle): clean start, keep-alive 600 s, each subscribed at QoS 1 to its own dev/<id>/cmd; %d are set up at once. The connect rate is the devices that got their CONNACK over the time from the first dial to the last CONNACK.", cfg.Dialers),
-		"RSS is the broker's VmRSS (/proc/PID/status), read once it moved less than 0.5 % over a second (at most " + cfg.SettleMax.String() + "): before the devices connect (the publisher already connected) and after every device got its SUBACK. RSS per connection is the growth over the devices subscribed.",
+		"RSS is the broker's VmRSS (/proc/PID/status), read once it moved less than 0.5 % over " + cfg.SettleWindow.String() + " (an idle broker; at most " + cfg.SettleMax.String() + "): before the devices connect (the publisher already connected) and after every device got its SUBACK. RSS per connection is the growth over the devices subscribed.",
 		"Then a paho.golang publisher sends one QoS 1 command to each device topic (64 at a time); a delivery counts when the device gets its own command (it acknowledges it).",
 		fmt.Sprintf("Open-file limit of the bench: soft %d raised to the hard limit %d; the brokers inherit it, so at most about %d connections fit.", fdl.SoftBefore, fdl.Hard, int(fdl.Hard)-fdReserve),
 	}

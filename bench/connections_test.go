@@ -26,7 +26,7 @@ func TestConnectionsSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cfg := DefaultConnectionsConfig()
-	cfg.Out, cfg.Connections, cfg.Repeat, cfg.Churn, cfg.SettleMax = out, 200, 1, 200, 3*time.Second
+	cfg.Out, cfg.Connections, cfg.Repeat, cfg.Churn, cfg.SettleWindow, cfg.SettleMax = out, 200, 1, 200, time.Second, 3*time.Second
 	require.NoError(t, RunConnections(ctx, cfg))
 
 	data, err := os.ReadFile(filepath.Join(out, "connections.json"))
