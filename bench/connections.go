@@ -536,6 +536,9 @@ func RunConnections(ctx context.Context, cfg ConnectionsConfig) error {
 	if err := os.WriteFile(filepath.Join(cfg.Out, "connections.md"), []byte(connectionsMarkdown(res, cfg.Out)), 0o644); err != nil {
 		return err
 	}
+	if err := WriteSummary(cfg.Out); err != nil {
+		return fmt.Errorf("summary: %w", err)
+	}
 	fmt.Fprintf(cfg.Progress, "done in %s: %s, %s\n", fmtDur(time.Since(began)),
 		filepath.Join(cfg.Out, "connections.json"), filepath.Join(cfg.Out, "connections.md"))
 	return nil

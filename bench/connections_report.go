@@ -1,9 +1,13 @@
 package bench
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"image/color"
+	"io/fs"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -160,19 +164,7 @@ func connectionsMarkdown(res *ConnectionsResults, dir string) string {
 		b.WriteString(g.String() + "\n")
 	}
 	fmt.Fprintf(&b, "\n## Medians over runs (%d connections)\n\n", res.Config.Connections)
-	b.WriteString("| system | runs | RSS per connection | connect rate | deliveries (fewest) | runs delivering all | churn RSS growth |\n|---|---|---|---|---|---|---|\n")
-	for _, a := range aggs {
-		churn := connectionsNoResult
-		if !math.IsNaN(a.ChurnGrowthMiB) {
-			churn = fmt.Sprintf("%+.1f MiB", a.ChurnGrowthMiB)
-		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %.0f/s | %d / %d | %d of %d | %s |\n", a.System, a.Runs, kibOrDash(a.RSSPerConnKiB),
-			a.ConnectPerS, a.DeliveredMin, res.Config.Connections, a.Complete, a.Runs, churn)
-	}
-	b.WriteString("\n")
-	if fileExists(filepath.Join(dir, connectionsPlot)) {
-		fmt.Fprintf(&b, "![RSS per idle connection by broker](%s)\n\n", connectionsPlot)
-	}
+	b.WriteString(connectionsTable(res, aggs, dir))
 	b.WriteString("## Runs\n\n| system | run | connected | subscribed | connect rate | RSS before → after | per connection | delivered | deliver time | notes |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range res.Runs {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %.0f/s | %s → %s | %.1f KiB | %d / %d | %.2f s | %s |\n", r.System, r.Repeat, r.Connected, r.Subscribed,
@@ -186,6 +178,52 @@ func connectionsMarkdown(res *ConnectionsResults, dir string) string {
 		}
 	}
 	b.WriteString("\nRaw runs: `connections.json`.\n")
+	return b.String()
+}
+
+// connectionsTable is the table of each system's medians, and the plot
+// when it exists in dir.
+func connectionsTable(res *ConnectionsResults, aggs []connAggregate, dir string) string {
+	var b strings.Builder
+	b.WriteString("| system | runs | RSS per connection | connect rate | deliveries (fewest) | runs delivering all | churn RSS growth |\n|---|---|---|---|---|---|---|\n")
+	for _, a := range aggs {
+		churn := connectionsNoResult
+		if !math.IsNaN(a.ChurnGrowthMiB) {
+			churn = fmt.Sprintf("%+.1f MiB", a.ChurnGrowthMiB)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %.0f/s | %d / %d | %d of %d | %s |\n", a.System, a.Runs, kibOrDash(a.RSSPerConnKiB),
+			a.ConnectPerS, a.DeliveredMin, res.Config.Connections, a.Complete, a.Runs, churn)
+	}
+	b.WriteString("\n")
+	if fileExists(filepath.Join(dir, connectionsPlot)) {
+		fmt.Fprintf(&b, "![RSS per idle connection by broker](%s)\n\n", connectionsPlot)
+	}
+	return b.String()
+}
+
+// loadConnections reads connections.json, or returns nil when there is
+// none.
+func loadConnections(path string) (*ConnectionsResults, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r ConnectionsResults
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &r, nil
+}
+
+// connectionsSummary is the section of summary.md on idle connections.
+func connectionsSummary(res *ConnectionsResults, dir string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "## Idle connections\n\n`luffy-bench %s --connections %d --repeat %d`: each device connects (MQTT v5), subscribes to its own dev/<id>/cmd and idles; then one command goes to each. RSS per connection is the broker's settled RSS growth over the devices; medians over the runs. Details: [connections.md](connections.md).\n\n",
+		ConnectionsCommand, res.Config.Connections, res.Config.Repeat)
+	b.WriteString(connectionsTable(res, aggregateConnections(res), dir))
 	return b.String()
 }
 

@@ -56,6 +56,10 @@ func TestConnectionsSmoke(t *testing.T) {
 	require.Contains(t, string(md), "KiB per idle connection")
 	require.Contains(t, string(md), connectionsPlot)
 	require.FileExists(t, filepath.Join(out, connectionsPlot))
+	summary, err := os.ReadFile(filepath.Join(out, "summary.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(summary), "## Idle connections")
+	require.Contains(t, string(summary), "idle connections: at most 24 KiB", "its goals are among the summary's")
 }
 
 // TestConnectionsGoalsNeedEveryDelivery checks that a run short of one
