@@ -466,28 +466,12 @@ func RunConnections(ctx context.Context, cfg ConnectionsConfig) error {
 	if err != nil {
 		return fmt.Errorf("--connections %d: %w", cfg.Connections, err)
 	}
-	mosq := findMosquitto()
-	if slices.Contains(cfg.Systems, SystemMosquitto) && mosq == "" {
-		return errMosquittoMissing
+	starter, cleanup, err := newBrokerStarter(ctx, cfg.Out, cfg.Systems, cfg.LuffyMQ, cfg.Progress)
+	if err != nil {
+		return err
 	}
-	logDir := filepath.Join(cfg.Out, "logs")
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		return fmt.Errorf("output directory: %w", err)
-	}
-	bin := cfg.LuffyMQ
-	if slices.ContainsFunc(cfg.Systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") }) {
-		var cleanup func()
-		if bin, cleanup, err = luffyMQBinary(ctx, bin, cfg.Progress); err != nil {
-			return err
-		}
-		defer cleanup()
-	}
-	self, err := os.Executable()
-	if err != nil && slices.Contains(cfg.Systems, SystemMochi) {
-		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", MochiServerCommand, err)
-	}
-	starter := brokerStarter{LuffyMQ: bin, Mosquitto: mosq, Self: self, LogDir: logDir}
-	res := &ConnectionsResults{Machine: machineInfo(mosq), Config: cfg, FDLimit: fdl, Notes: connectionsNotes(cfg, fdl)}
+	defer cleanup()
+	res := &ConnectionsResults{Machine: machineInfo(starter.Mosquitto), Config: cfg, FDLimit: fdl, Notes: connectionsNotes(cfg, fdl)}
 	save := func() error {
 		res.Generated = time.Now().UTC()
 		return writeJSON(filepath.Join(cfg.Out, "connections.json"), res)

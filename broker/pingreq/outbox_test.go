@@ -154,6 +154,18 @@ func TestCloseSendsWhatIsQueued(t *testing.T) {
 	require.True(t, bytes.HasSuffix(got, disconnect))
 }
 
+// writeAndReceive writes pk to c and checks that peer reads exactly pk.
+func writeAndReceive(t *testing.T, c *Conn, peer net.Conn, pk []byte) {
+	t.Helper()
+	_, err := c.Write(pk)
+	require.NoError(t, err)
+	got := make([]byte, len(pk))
+	require.NoError(t, peer.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = io.ReadFull(peer, got)
+	require.NoError(t, err)
+	require.Equal(t, pk, got)
+}
+
 // writerRunning reports whether c has a writer goroutine.
 func writerRunning(c *Conn) bool {
 	c.out.mu.Lock()
@@ -169,17 +181,8 @@ func TestWriterRunsOnlyWhileBytesWait(t *testing.T) {
 	server, client := tcpPairDefaultBuffers(t)
 	c := NewConn(server, 0)
 	require.False(t, writerRunning(c), "no writer before the first write")
-	var want []byte
 	for round := range 3 {
-		pk := filled(0x30, 64<<10, byte('a'+round))
-		want = append(want, pk...)
-		_, err := c.Write(pk)
-		require.NoError(t, err)
-		got := make([]byte, len(pk))
-		require.NoError(t, client.SetReadDeadline(time.Now().Add(5*time.Second)))
-		_, err = io.ReadFull(client, got)
-		require.NoError(t, err)
-		require.Equal(t, pk, got, "round %d", round)
+		writeAndReceive(t, c, client, filled(0x30, 64<<10, byte('a'+round)))
 		require.Eventually(t, func() bool { return !writerRunning(c) }, 5*time.Second, time.Millisecond, "round %d: the writer ends once the outbox is empty", round)
 		c.out.mu.Lock()
 		kept := cap(c.out.pending) + cap(c.out.spare)
