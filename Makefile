@@ -51,6 +51,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzConnRead$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
 	$(GO) test -run '^$$' -fuzz '^FuzzConnReadMalformedLength$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
 	$(GO) test -run '^$$' -fuzz '^FuzzHeldPacketsMatchPassthrough$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
+	$(GO) test -run '^$$' -fuzz '^FuzzPublishPacketID$$' -fuzztime $(FUZZTIME) ./broker/pingreq/
 	$(GO) test -run '^$$' -fuzz '^FuzzTopicMapping$$' -fuzztime $(FUZZTIME) ./bridge/
 	$(GO) test -run '^$$' -fuzz '^FuzzConfigMessage$$' -fuzztime $(FUZZTIME) ./bridge/
 	$(GO) test -run '^$$' -fuzz '^FuzzBridgeConfig$$' -fuzztime $(FUZZTIME) ./bridge/
@@ -66,7 +67,7 @@ fuzz:
 ##   thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, throughput (3 runs, medians),
 ##   reliability and connections (10 000 idle connections, 3 runs, medians)
 BENCH_OUT     ?= bench/results
-BENCH_SYSTEMS ?= adaptive,adaptive-hold,thesis,round-robin,mosquitto,oracle
+BENCH_SYSTEMS ?= adaptive,adaptive-hold,thesis,jsq,power-of-two,round-robin,mosquitto,oracle
 BENCH_KINDS   ?= thesis-reporter,timer-reporter,paho-qos1-ackafter
 BENCH_RUN      = ./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT)
 bench:

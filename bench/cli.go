@@ -279,13 +279,14 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 		fmt.Fprintf(cfg.Progress, "[%d/%d] %s · %s subscribers · %s · repeat %d/%d · elapsed %s · ETA %s\n",
 			k+1, len(jobs), j.s.ID, j.kind, j.system, j.repeat, cfg.Repeat, fmtDur(elapsed), eta)
 		seed := uint64(j.repeat)
-		trace := j.s.Trace(seed)
+		s := j.s.ForRun(seed)
+		trace := s.Trace(seed)
 		var r RunResult
 		if j.system == SystemOracle {
-			r = buildResult(j.s, j.kind, j.system, j.repeat, trace, len(trace), seed, Oracle(j.s, trace))
+			r = buildResult(s, j.kind, j.system, j.repeat, trace, len(trace), seed, Oracle(s, trace))
 		} else {
 			var err error
-			r, err = runLive(ctx, j.s, j.kind, j.system, j.repeat, seed, trace, opts)
+			r, err = runLive(ctx, s, j.kind, j.system, j.repeat, seed, trace, opts)
 			if err != nil {
 				if ctx.Err() != nil {
 					break

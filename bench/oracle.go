@@ -57,7 +57,7 @@ func OracleWithDelays(s Scenario, trace, delays []time.Duration) []Delivery {
 				continue
 			}
 			start := max(ready, busy[i])
-			if m.CrashAt > 0 && start+m.serviceAt(start) > m.CrashAt {
+			if m.CrashAt > 0 && start+s.ServiceTime(i, seq, start) > m.CrashAt {
 				continue
 			}
 			if best < 0 || start < bestStart || (start == bestStart && busy[i] < busy[best]) {
@@ -67,7 +67,7 @@ func OracleWithDelays(s Scenario, trace, delays []time.Duration) []Delivery {
 		if best < 0 {
 			continue // nobody can take it (cannot happen in set A)
 		}
-		busy[best] = bestStart + s.Members[best].serviceAt(bestStart)
+		busy[best] = bestStart + s.ServiceTime(best, seq, bestStart)
 		out = append(out, Delivery{Seq: seq, Member: best, Sent: a, Start: bestStart})
 	}
 	return out

@@ -5,6 +5,7 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -50,6 +51,54 @@ type Scenario struct {
 	// EventAt is the time of the scenario's event (step, join, crash), or 0.
 	EventAt time.Duration
 	Notes   string
+	// ServiceNoise makes each message's service time its member's times a
+	// work size drawn per message (mean 1): NoiseExponential or
+	// NoiseUniform20; empty: every message takes the member's time.
+	ServiceNoise string
+
+	work []float64 // per message, drawn by ForRun; nil: all 1
+}
+
+// Per-message service-time noise (Scenario.ServiceNoise).
+const (
+	// NoiseExponential draws exponential work sizes: service times with
+	// as much spread as their mean (an M/M/c-like fleet).
+	NoiseExponential = "exp"
+	// NoiseUniform20 draws work sizes uniform within ±20 % of the mean.
+	NoiseUniform20 = "uniform20"
+)
+
+// ForRun returns s for the run with seed: its per-message work sizes are
+// drawn (with a generator of their own, so the publish trace stays the
+// same), and every system and the oracle of that run see the same ones.
+func (s Scenario) ForRun(seed uint64) Scenario {
+	if s.ServiceNoise == "" {
+		return s
+	}
+	r := rand.New(rand.NewPCG(seed, 0x3045e))
+	s.work = make([]float64, len(s.Trace(seed)))
+	for i := range s.work {
+		switch s.ServiceNoise {
+		case NoiseExponential:
+			s.work[i] = r.ExpFloat64()
+		case NoiseUniform20:
+			s.work[i] = 0.8 + 0.4*r.Float64()
+		default:
+			s.work[i] = 1
+		}
+	}
+	return s
+}
+
+// ServiceTime returns how long member i takes to process message seq
+// starting at offset t: the member's service time at t times the
+// message's work size.
+func (s Scenario) ServiceTime(i, seq int, t time.Duration) time.Duration {
+	d := s.Members[i].serviceAt(t)
+	if seq >= 0 && seq < len(s.work) {
+		d = time.Duration(float64(d) * s.work[seq])
+	}
+	return d
 }
 
 // Scenarios returns set A of docs/scenarios.md.
@@ -68,7 +117,7 @@ func Scenarios() []Scenario {
 	join[2].JoinAt = 10 * time.Second
 	crash := fixed(25*ms, 25*ms, 50*ms)
 	crash[0].CrashAt = 10 * time.Second
-	return []Scenario{
+	scenarios := []Scenario{
 		{ID: "thesis-1", Gap: 10 * ms, Duration: 15 * time.Second, Members: fixed(25*ms, 25*ms, 25*ms), ReportInterval: time.Second, Notes: "thesis table 6"},
 		{ID: "thesis-2", Gap: 10 * ms, Duration: 15 * time.Second, Members: fixed(25*ms, 25*ms, 50*ms), ReportInterval: time.Second, Notes: "thesis table 6; 100 % utilisation"},
 		{ID: "thesis-2-qos1", Gap: 10 * ms, Duration: 15 * time.Second, Members: fixed(25*ms, 25*ms, 50*ms), QoS: 1, ReportInterval: time.Second, Notes: "ack after processing"},
@@ -77,6 +126,60 @@ func Scenarios() []Scenario {
 		{ID: "poisson", Gap: 8 * ms, Poisson: true, Duration: 30 * time.Second, Members: fixed(20*ms, 20*ms, 40*ms, 40*ms, 80*ms), ReportInterval: time.Second, Notes: "exponential gaps, ρ ≈ 0.77"},
 		{ID: "crash", Gap: 10 * ms, Duration: 30 * time.Second, Members: crash, QoS: 1, ReportInterval: time.Second, EventAt: 10 * time.Second, Notes: "member 1 killed at t = 10 s"},
 	}
+	for _, size := range []int{6, 20, 100} {
+		for _, rho := range []float64{0.70, 0.85, 0.95} {
+			scenarios = append(scenarios, FleetScenario(size, rho, false, "", fleetSeed))
+		}
+		for _, noise := range []string{NoiseExponential, NoiseUniform20} {
+			scenarios = append(scenarios, FleetScenario(size, 0.85, false, noise, fleetSeed))
+		}
+	}
+	return append(scenarios, FleetScenario(20, 0.85, true, "", fleetSeed))
+}
+
+// fleetSeed draws the fleet scenarios' member speeds: fixed, so that every
+// run of a fleet scenario has the same fleet (the publish trace has a seed
+// of its own, --seed).
+const fleetSeed = 0xF1EE7
+
+// FleetScenario returns a fleet of size members whose mean service times
+// are spread log-uniformly over 10× (10 ms to 100 ms, drawn with seed),
+// fed Poisson arrivals at utilisation rho of their combined capacity for
+// 30 s, with per-message service noise (Scenario.ServiceNoise). With
+// churn, a fifth of the fleet (at least one) joins at t = 10 s and as many
+// others are killed at t = 20 s; the gap is set for the fleet present
+// between the two.
+func FleetScenario(size int, rho float64, churn bool, noise string, seed uint64) Scenario {
+	r := rand.New(rand.NewPCG(seed, uint64(size)))
+	members := make([]Member, size)
+	for i := range members {
+		// log-uniform in [10 ms, 100 ms]
+		members[i].Service = time.Duration(float64(10*time.Millisecond) * math.Pow(10, r.Float64()))
+	}
+	id := fmt.Sprintf("fleet-%d-rho%02.0f", size, rho*100)
+	notes := fmt.Sprintf("%d members, service 10–100 ms log-uniform, Poisson arrivals, ρ %.2f", size, rho)
+	switch noise {
+	case NoiseExponential:
+		id += "-exp"
+		notes += ", exponential service times"
+	case NoiseUniform20:
+		id += "-uniform20"
+		notes += ", service times ±20 % uniform"
+	}
+	var eventAt time.Duration
+	if churn {
+		moving := max(1, size/5)
+		for i := range moving {
+			members[i].JoinAt = 10 * time.Second
+			members[size-1-i].CrashAt = 20 * time.Second
+		}
+		id += "-churn"
+		notes += fmt.Sprintf("; %d join at t = 10 s, %d killed at t = 20 s", moving, moving)
+		eventAt = 10 * time.Second
+	}
+	s := Scenario{ID: id, Poisson: true, Duration: 30 * time.Second, Members: members, ReportInterval: time.Second, EventAt: eventAt, Notes: notes, ServiceNoise: noise}
+	s.Gap = time.Duration(float64(time.Second) / (rho * s.Capacity(15*time.Second)))
+	return s
 }
 
 // ScenarioByID returns the scenario named id.
@@ -129,7 +232,7 @@ const (
 )
 
 // LuffyStrategies are the luffymq strategies benchmarked, in report order.
-var LuffyStrategies = []string{"adaptive", "adaptive-hold", "thesis", "round-robin", "random", "sticky", "hash-clientid", "hash-topic"}
+var LuffyStrategies = []string{"adaptive", "adaptive-hold", "thesis", "round-robin", "random", "sticky", "jsq", "power-of-two", "hash-clientid", "hash-topic"}
 
 // SystemAdaptiveHold is adaptive with late binding: it holds messages at
 // the broker on purpose.

@@ -254,7 +254,7 @@ func (w *memberWorker) serve(ctx context.Context, payload []byte, ready time.Tim
 	if w.lastEnd.After(start) {
 		start = w.lastEnd
 	}
-	d := w.run.s.Members[w.i].serviceAt(start.Sub(base))
+	d := w.run.s.ServiceTime(w.i, seq, start.Sub(base))
 	vstart, err := w.emu.Serve(ctx, ready, d)
 	w.lastEnd = vstart.Add(d)
 	// The publish time is the scheduled one: if the broker holds the

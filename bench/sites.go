@@ -106,7 +106,7 @@ func (c SitesConfig) timeFactor() float64 { return float64(time.Second) / float6
 // consistent-hash weights, which federation carries to the other sites
 // over WAN links whose delays are not scaled (round trips up to 240 ms),
 // and retuning every 100 ms to 500 ms made luffymq slower than every 1 s
-// in trial runs of wq-balanced (see the README's across-sites section).
+// in trial runs of wq-balanced (see docs/benchmarks.md, Across sites).
 func (c SitesConfig) ScaledWQ() SitesConfig {
 	scaled := func(d time.Duration) time.Duration {
 		if c.ServiceTime <= 0 {

@@ -20,43 +20,6 @@ const (
 	MaxClientsLimit = 1000
 )
 
-// ClientsResponse is the body of GET /api/v1/clients: one page of the
-// broker's clients (connected, or disconnected with a surviving session),
-// sorted by client ID.
-type ClientsResponse struct {
-	// Total is the number of clients on all pages.
-	Total   int            `json:"total"`
-	Offset  int            `json:"offset"`
-	Limit   int            `json:"limit"`
-	Clients []ClientStatus `json:"clients"`
-}
-
-// ClientStatus describes one client.
-type ClientStatus struct {
-	ClientID   string `json:"client_id"`
-	Connected  bool   `json:"connected"`
-	RemoteAddr string `json:"remote_addr"`
-	Listener   string `json:"listener"`
-	// ProtocolVersion is 3 (MQTT 3.1), 4 (3.1.1) or 5.
-	ProtocolVersion int `json:"protocol_version"`
-	Subscriptions   int `json:"subscriptions"`
-	// InFlight counts QoS 1/2 messages not yet acknowledged.
-	InFlight int `json:"inflight"`
-	// Groups are the shared subscriptions ($share/…) among its
-	// subscriptions, sorted.
-	Groups []string `json:"groups"`
-	// QoS0Dropped counts QoS 0 publishes dropped because the client did
-	// not read fast enough; null when its connection does not count them.
-	QoS0Dropped *uint64 `json:"qos0_dropped"`
-	// WriteQueueDropped counts publishes (any QoS) dropped because the
-	// client's write queue was full (--max-pending-writes); null when its
-	// connection does not count them.
-	WriteQueueDropped *uint64 `json:"write_queue_dropped"`
-	// ConnectedSince is when its current connection established its
-	// session (RFC 3339); null while disconnected.
-	ConnectedSince *string `json:"connected_since"`
-}
-
 // writeStatsSource is implemented by connections that count what their
 // outbox dropped (broker/pingreq.Conn).
 type writeStatsSource interface {

@@ -190,7 +190,12 @@ func New(cfg Config) (*Broker, error) {
 			return nil, err
 		}
 	}
+	// One record of delivery order, shared by the selection hook and the
+	// store, so resumed sessions get their messages in order, after a
+	// restart too.
+	order := hooks.NewDeliveryOrder(uint64(time.Now().UnixNano()))
 	selCfg := hooks.SelectionConfig{
+		DeliveryOrder:   order,
 		Engine:          b.engine,
 		Server:          b.server,
 		ReportInterval:  cfg.ReportInterval,
@@ -246,7 +251,7 @@ func New(cfg Config) (*Broker, error) {
 	// Persistence goes last: its journal records a publish as the other
 	// hooks left it.
 	if cfg.DataDir != "" {
-		if b.persist, err = attachPersistence(b.server, cfg.DataDir, cfg.Fsync, cfg.Logger); err != nil {
+		if b.persist, err = attachPersistence(b.server, cfg.DataDir, cfg.Fsync, order, cfg.Logger); err != nil {
 			return nil, err
 		}
 	}

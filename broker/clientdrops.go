@@ -44,19 +44,6 @@ func (h *writeQueueDrops) OnPublishDropped(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// ClientDrops is what one connected client lost since it connected.
-type ClientDrops struct {
-	ClientID string `json:"client_id"`
-	// WriteQueueFull counts publishes dropped because the client's write
-	// queue was full (--max-pending-writes), any QoS.
-	WriteQueueFull uint64 `json:"write_queue_full"`
-	// QoS0OutboxFull counts QoS 0 publishes dropped because the client's
-	// unsent bytes were over --max-queued-bytes.
-	QoS0OutboxFull uint64 `json:"qos0_outbox_full"`
-}
-
-func (d ClientDrops) total() uint64 { return d.WriteQueueFull + d.QoS0OutboxFull }
-
 // droppingClients returns up to limit connected clients that lost
 // messages, those that lost the most first (then by client ID).
 func (b *Broker) droppingClients(limit int) []ClientDrops {
@@ -71,13 +58,13 @@ func (b *Broker) droppingClients(limit int) []ClientDrops {
 		}
 		st := ws.WriteStats()
 		d := ClientDrops{ClientID: id, WriteQueueFull: st.DroppedWriteQueue, QoS0OutboxFull: st.DroppedQoS0}
-		if d.total() > 0 {
+		if d.Total() > 0 {
 			out = append(out, d)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].total() != out[j].total() {
-			return out[i].total() > out[j].total()
+		if out[i].Total() != out[j].Total() {
+			return out[i].Total() > out[j].Total()
 		}
 		return out[i].ClientID < out[j].ClientID
 	})

@@ -55,7 +55,7 @@ func TestDropsAreCountedByClientAndReason(t *testing.T) {
 		for i, d := range drops {
 			writeQueue += d.WriteQueueFull
 			if i > 0 {
-				require.GreaterOrEqual(t, drops[i-1].total(), d.total(), "most lost first")
+				require.GreaterOrEqual(t, drops[i-1].Total(), d.Total(), "most lost first")
 			}
 		}
 		require.Positive(t, writeQueue, "a write queue of one packet overflows under 4 publishers")

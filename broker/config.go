@@ -193,7 +193,7 @@ type Config struct {
 	// stored record reach the disk (fsync) before the publisher's PUBACK,
 	// so a power cut loses nothing acknowledged. Without it a killed
 	// process loses nothing (the data is in the page cache) but a power
-	// cut can lose the last writes. It costs throughput: see the README.
+	// cut can lose the last writes. It costs throughput: see docs/reliability.md.
 	Fsync bool
 }
 
@@ -335,6 +335,6 @@ type noLoad struct{}
 func (noLoad) Snapshot() []scoring.GroupSnapshot { return nil }
 
 // DefaultHoldLead is --hold-lead's default: late binding is off until it
-// is shown to help on real connections (see the README); 5ms suits
+// is shown to help on real connections (see docs/selection.md); 5ms suits
 // loopback and LAN members.
 const DefaultHoldLead = 0

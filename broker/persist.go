@@ -2,17 +2,22 @@ package broker
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	badgerdb "github.com/dgraph-io/badger/v4"
 	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/storage"
 	"github.com/mochi-mqtt/server/v2/hooks/storage/badger"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/luffymq/luffymq/hooks"
 )
 
 // Persistence (--data-dir) keeps sessions, subscriptions, retained messages
@@ -48,7 +53,7 @@ const (
 
 // persistence is the storage of a broker with a data directory.
 type persistence struct {
-	store   *badger.Hook
+	store   *orderedStore
 	journal *publishJournal
 	hook    *journalHook
 	log     *slog.Logger
@@ -89,8 +94,8 @@ func badgerOptions(dir string, fsync bool) *badgerdb.Options {
 // attachPersistence opens the store and the journal in dataDir and adds
 // their hooks to server. Call it after every other hook that provides
 // OnPublish, so the journal records the publish as they left it.
-func attachPersistence(server *mqtt.Server, dataDir string, fsync bool, log *slog.Logger) (*persistence, error) {
-	p := &persistence{store: new(badger.Hook), log: log}
+func attachPersistence(server *mqtt.Server, dataDir string, fsync bool, order *hooks.DeliveryOrder, log *slog.Logger) (*persistence, error) {
+	p := &persistence{store: &orderedStore{Hook: new(badger.Hook), order: order}, log: log}
 	if err := server.AddHook(p.store, &badger.Options{
 		Path:    filepath.Join(dataDir, persistStoreDir),
 		Options: badgerOptions(filepath.Join(dataDir, persistStoreDir), fsync),
@@ -248,3 +253,40 @@ func (h *journalHook) OnStarted() {
 
 // Stop closes the journal (Mochi stops every hook in server.Close).
 func (h *journalHook) Stop() error { return h.journal.Close() }
+
+// orderedStore is Mochi's Badger storage hook, keeping with each in-flight
+// delivery its place in the client's delivery order, so that a session
+// resumed after a restart gets its messages in the order they were
+// delivered (see hooks.DeliveryOrder). The place is stored in the record's
+// Sent field, which Mochi writes but never reads back.
+type orderedStore struct {
+	*badger.Hook
+	order *hooks.DeliveryOrder
+}
+
+// OnQosPublish stores the delivery with its sequence number.
+func (s *orderedStore) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, resends int) {
+	if pk.FixedHeader.Type == packets.Publish {
+		if seq, ok := s.order.Seq(cl.ID, pk.PacketID); ok {
+			sent = int64(seq)
+		}
+	}
+	s.Hook.OnQosPublish(cl, pk, sent, resends)
+}
+
+// StoredInflightMessages returns the stored in-flight messages for Mochi
+// to load, and restores their delivery order.
+func (s *orderedStore) StoredInflightMessages() ([]storage.Message, error) {
+	msgs, err := s.Hook.StoredInflightMessages()
+	if err != nil {
+		return msgs, err
+	}
+	byOrder := slices.Clone(msgs)
+	slices.SortStableFunc(byOrder, func(a, b storage.Message) int { return cmp.Compare(a.Sent, b.Sent) })
+	for _, m := range byOrder {
+		if m.FixedHeader.Type == packets.Publish && m.Sent > 0 {
+			s.order.Restore(m.Client, m.PacketID, uint64(m.Sent))
+		}
+	}
+	return msgs, nil
+}

@@ -111,8 +111,10 @@ func (h *SelectionHook) SetInflightStorage(s InflightStorage) {
 	h.redispatch.storage = s
 }
 
-// forgetStored deletes cl's delivery pk from the persistent store, if any.
+// forgetStored deletes cl's delivery pk, taken out of its session, from
+// the persistent store, if any, and from the delivery order.
 func (h *SelectionHook) forgetStored(cl *mqtt.Client, pk packets.Packet) {
+	h.cfg.DeliveryOrder.Ended(cl.ID, pk.PacketID)
 	if s := h.redispatch.storage; s != nil {
 		s.OnQosDropped(cl, pk)
 	}

@@ -30,6 +30,11 @@ type LiftedReportSource interface {
 type ReceiveQuota interface {
 	SetReceiveMaximum(n int) error
 	ReleaseDelivery() error
+	// BeginResend and EndResend bracket Mochi's resending of a resumed
+	// session's in-flight messages: the connection holds them and
+	// releases them in the order given (see DeliveryOrder).
+	BeginResend()
+	EndResend(order func(packetID uint16) (seq uint64, known bool)) error
 }
 
 // DelayEstimator is implemented by connections that can tell the one-way
@@ -51,6 +56,11 @@ type connState struct {
 	// OnQosComplete for it (both on the client's reader goroutine), so that
 	// completion is not taken for the client acknowledging a delivery.
 	inboundAck atomic.Uint32
+	// ackIDRemap is set while Mochi processes the client's SUBSCRIBE or
+	// UNSUBSCRIBE under a packet identifier other than the client's (see
+	// OnPacketRead): the identifier Mochi uses in the high 16 bits, the
+	// client's in the low 16 bits, and 1<<32 to mark it set.
+	ackIDRemap atomic.Uint64
 }
 
 // ConnectionCount returns how many live connections the hook keeps state
@@ -104,6 +114,10 @@ type SelectionConfig struct {
 	// of its own could never reach the group, which only the bridge feeds,
 	// and would be parked).
 	RequeuedElsewhere func(group string) bool
+	// DeliveryOrder records the order of the clients' QoS≥1 deliveries,
+	// so that resumed sessions get them again in that order. Nil: the hook
+	// makes its own; the broker shares one with its persistent store.
+	DeliveryOrder *DeliveryOrder
 }
 
 // ReportChannel says how a load report arrived.
@@ -167,6 +181,9 @@ func NewSelectionHook(cfg SelectionConfig) (*SelectionHook, error) {
 	if cfg.ReportInterval <= 0 {
 		cfg.ReportInterval = cfg.Engine.Config().ReportInterval
 	}
+	if cfg.DeliveryOrder == nil {
+		cfg.DeliveryOrder = NewDeliveryOrder(uint64(time.Now().UnixNano()))
+	}
 	return &SelectionHook{
 		cfg: cfg,
 		intervalProp: packets.UserProperty{
@@ -215,10 +232,12 @@ var selectionEvents = func() (t [256]bool) {
 
 // OnSessionEstablish hands the client's Receive Maximum to its connection
 // before Mochi sends anything on it (in-flight messages of a resumed
-// session included).
+// session included), and has the connection hold what Mochi resends until
+// OnSessionEstablished puts it in order.
 func (h *SelectionHook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	if q, ok := cl.Net.Conn.(ReceiveQuota); ok {
 		_ = q.SetReceiveMaximum(int(cl.Properties.Props.ReceiveMaximum))
+		q.BeginResend()
 	}
 }
 
@@ -236,6 +255,11 @@ func (h *SelectionHook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 // limit, and the selection engine prefers members below their limit.
 func (h *SelectionHook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	cl.State.Inflight.ResetSendQuota(0)
+	if q, ok := cl.Net.Conn.(ReceiveQuota); ok {
+		order := h.cfg.DeliveryOrder
+		id := cl.ID
+		_ = q.EndResend(func(packetID uint16) (uint64, bool) { return order.Seq(id, packetID) })
+	}
 	st := h.stateOf(cl)
 	e := h.cfg.Engine
 	e.Connect(cl.ID)
@@ -265,6 +289,9 @@ func (h *SelectionHook) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 		return
 	}
 	h.cfg.Engine.Disconnect(cl.ID, expire)
+	if expire {
+		h.cfg.DeliveryOrder.Forget(cl.ID)
+	}
 	switch {
 	case !st.isMember():
 	case expire:
@@ -282,6 +309,7 @@ func (h *SelectionHook) OnClientExpired(cl *mqtt.Client) {
 	h.conns.Delete(cl)
 	member := h.cfg.Engine.IsMember(cl.ID)
 	h.cfg.Engine.Disconnect(cl.ID, true)
+	defer h.cfg.DeliveryOrder.Forget(cl.ID)
 	if member {
 		h.redispatchUnacknowledged(cl)
 	}
@@ -326,8 +354,21 @@ func (h *SelectionHook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 // PINGREQs. A malformed report is counted and ignored (the PINGREQ still
 // keeps the connection alive and is answered); an oversized one ends the
 // connection with reason "packet too large".
+//
+// It also moves a SUBSCRIBE or UNSUBSCRIBE whose packet identifier is one
+// the broker is using for a delivery to the client onto a free identifier
+// (OnPacketEncode puts the client's back on the SUBACK or UNSUBACK):
+// Mochi 2.7.9 keeps both directions' identifiers in one table and would
+// refuse the subscription with 0x91 Packet Identifier in use, although
+// the client's identifiers are its own ([MQTT-2.2.1-3]). mosquitto_sub,
+// which subscribes with identifier 1 on every connection, then quits on
+// resuming a session with messages waiting.
 func (h *SelectionHook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	if pk.FixedHeader.Type != packets.Pingreq {
+	switch pk.FixedHeader.Type {
+	case packets.Pingreq:
+	case packets.Subscribe, packets.Unsubscribe:
+		return h.unclashPacketID(cl, pk), nil
+	default:
 		return pk, nil
 	}
 	src, ok := cl.Net.Conn.(LiftedReportSource)
@@ -403,6 +444,12 @@ func (h *SelectionHook) applyReport(cl *mqtt.Client, payload []byte, via ReportC
 // every message.
 func (h *SelectionHook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	switch pk.FixedHeader.Type {
+	case packets.Suback, packets.Unsuback:
+		if st := h.lookup(cl); st != nil {
+			if m := st.ackIDRemap.Load(); m != 0 && uint16(m>>16) == pk.PacketID && st.ackIDRemap.CompareAndSwap(m, 0) {
+				pk.PacketID = uint16(m) // the client's own identifier
+			}
+		}
 	case packets.Publish:
 		pk.Mods.DisallowProblemInfo = false
 		if pk.Origin == RedispatchOrigin && pk.FixedHeader.Qos > 0 {
@@ -460,6 +507,9 @@ func (h *SelectionHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.P
 func (h *SelectionHook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, resends int) {
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
+		if !pk.FixedHeader.Dup { // a new delivery, not Mochi resending one
+			h.cfg.DeliveryOrder.Started(cl.ID, pk.PacketID)
+		}
 		if resends == 0 && h.lookup(cl).isMember() {
 			h.cfg.Engine.InFlightStarted(cl.ID)
 		}
@@ -483,16 +533,25 @@ func (h *SelectionHook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 	default:
 		return // PUBREL: the client's own QoS 2 publish completed
 	}
+	h.cfg.DeliveryOrder.Ended(cl.ID, pk.PacketID)
 	h.deliveryEnded(cl, true)
 }
 
 // OnQosDropped handles a delivery that ended without acknowledgement: the
 // client answered PUBREC with an error, or it expired.
+//
+// A taken-over client's deliveries are not ended: Mochi drops them from the
+// old client after it moved them to the new one, which resends them.
 func (h *SelectionHook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
+	if cl.IsTakenOver() {
+		return
+	}
 	switch pk.FixedHeader.Type {
 	case packets.Pubrec, packets.Publish:
+		h.cfg.DeliveryOrder.Ended(cl.ID, pk.PacketID)
 		h.deliveryEnded(cl, false)
 	case 0: // expired while the client was offline: no connection
+		h.cfg.DeliveryOrder.Ended(cl.ID, pk.PacketID)
 		h.cfg.Engine.InFlightDropped(cl.ID)
 	}
 }
@@ -533,4 +592,31 @@ func (h *SelectionHook) resyncInFlight(cl *mqtt.Client) {
 		}
 	}
 	h.cfg.Engine.SetInFlight(cl.ID, n)
+}
+
+// unclashPacketID returns pk, a SUBSCRIBE or UNSUBSCRIBE, under a packet
+// identifier free in Mochi's in-flight table if its own is taken there by
+// a delivery to the client (see OnPacketRead). The free identifier is
+// looked for half the identifier space away from the newest delivery's, so
+// that a delivery started meanwhile does not take it.
+func (h *SelectionHook) unclashPacketID(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if _, taken := cl.State.Inflight.Get(pk.PacketID); !taken {
+		return pk
+	}
+	from := pk.PacketID
+	if last, ok := h.cfg.DeliveryOrder.LastPacketID(cl.ID); ok {
+		from = last
+	}
+	for i := uint32(0); i < 1<<16; i++ {
+		id := uint16(uint32(from) + 1<<15 + i)
+		if id == 0 {
+			continue
+		}
+		if _, taken := cl.State.Inflight.Get(id); !taken {
+			h.stateOf(cl).ackIDRemap.Store(1<<32 | uint64(id)<<16 | uint64(pk.PacketID))
+			pk.PacketID = id
+			return pk
+		}
+	}
+	return pk // every identifier in use: Mochi answers 0x91
 }

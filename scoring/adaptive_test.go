@@ -327,15 +327,15 @@ func TestAdaptiveTiesGoToLongestIdle(t *testing.T) {
 	})
 }
 
-// TestAdaptiveSamplesLargeGroups: up to 8 members every one is compared;
+// TestAdaptiveSamplesLargeGroups: up to 16 members every one is compared;
 // above, a sample is, so an always-idle member does not get everything.
 func TestAdaptiveSamplesLargeGroups(t *testing.T) {
 	tests := []struct {
 		members int
 		sampled bool
 	}{
-		{8, false},
-		{9, true},
+		{16, false},
+		{17, true},
 		{50, true},
 	}
 	for _, tt := range tests {

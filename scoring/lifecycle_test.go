@@ -35,7 +35,7 @@ func TestNewEngine(t *testing.T) {
 }
 
 func TestStrategies(t *testing.T) {
-	want := []string{"adaptive", "thesis", "round-robin", "random", "sticky", "hash-clientid", "hash-topic"}
+	want := []string{"adaptive", "thesis", "round-robin", "random", "sticky", "jsq", "power-of-two", "hash-clientid", "hash-topic"}
 	require.ElementsMatch(t, want, scoring.Strategies())
 	for _, name := range want {
 		s, err := scoring.StrategyByName(name)

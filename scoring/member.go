@@ -596,6 +596,19 @@ func (m *member) held(now, start, svc time.Duration) int {
 	return int((start - now + svc - 1) / svc)
 }
 
+// outstanding is the member's queue as the broker knows it, for the
+// classical policies: its unacknowledged deliveries when it receives
+// QoS≥1, otherwise its last reported queue plus what was sent to it since
+// (m_q + m_s of the thesis). It takes the member's lock.
+func (m *member) outstanding() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.qosDeliveries > 0 {
+		return m.inflight
+	}
+	return m.reportedPending + m.sentSinceReport
+}
+
 // lockedAtReceiveMaximum reports whether the member holds as many
 // unacknowledged deliveries as its Receive Maximum allows; it takes the
 // member's lock.

@@ -17,6 +17,8 @@ var strategies = []Strategy{
 	roundRobinStrategy{},
 	randomStrategy{},
 	stickyStrategy{},
+	shortestQueueStrategy{},
+	powerOfTwoStrategy{},
 	hashStrategy{name: "hash-clientid", key: func(m Message) string { return m.PublisherID }},
 	hashStrategy{name: "hash-topic", key: func(m Message) string { return m.Topic }},
 }
@@ -39,6 +41,52 @@ func (randomStrategy) Name() string { return "random" }
 
 func (randomStrategy) selectIndex(_ *Engine, g *group, _ Message, _ time.Duration) int {
 	return g.random(len(g.members))
+}
+
+// shortestQueueStrategy is join-the-shortest-queue, the classical policy,
+// on what the broker knows of each member's queue (member.outstanding):
+// the member holding the fewest messages wins; ties go to the first after
+// a rotating start, so equal members take turns.
+type shortestQueueStrategy struct{}
+
+func (shortestQueueStrategy) Name() string { return "jsq" }
+
+func (shortestQueueStrategy) selectIndex(_ *Engine, g *group, _ Message, _ time.Duration) int {
+	n := len(g.members)
+	from := g.nextRoundRobin % n
+	g.nextRoundRobin = from + 1
+	best, bestQueue := from, g.members[from].outstanding()
+	for k := 1; k < n; k++ {
+		i := (from + k) % n
+		if q := g.members[i].outstanding(); q < bestQueue {
+			best, bestQueue = i, q
+		}
+	}
+	return best
+}
+
+// powerOfTwoStrategy is the power of two choices: two members drawn at
+// random, the one holding fewer messages (member.outstanding) wins, the
+// first drawn on a tie. It needs O(1) per message at any group size and
+// herds far less than join-the-shortest-queue on stale counts.
+type powerOfTwoStrategy struct{}
+
+func (powerOfTwoStrategy) Name() string { return "power-of-two" }
+
+func (powerOfTwoStrategy) selectIndex(_ *Engine, g *group, _ Message, _ time.Duration) int {
+	n := len(g.members)
+	if n == 1 {
+		return 0
+	}
+	a := g.random(n)
+	b := g.random(n - 1)
+	if b >= a {
+		b++ // two distinct members
+	}
+	if g.members[b].outstanding() < g.members[a].outstanding() {
+		return b
+	}
+	return a
 }
 
 // stickyStrategy keeps sending to one member until it leaves or goes
@@ -144,7 +192,7 @@ func thesisScore(m *member, now, groupMean time.Duration) time.Duration {
 // other member is available, hold at most NewcomerCap messages until their
 // first measurement; one still silent after its oldest message ran longer
 // than that median is taken to be slower (halfway through that message).
-// Groups larger than 8 members compare a random sample, so one selection
+// Groups larger than 16 members compare a random sample of 16, so one selection
 // stays O(1).
 type adaptiveStrategy struct{}
 

@@ -185,3 +185,69 @@ func TestHashStrategies(t *testing.T) {
 		})
 	}
 }
+
+func TestShortestQueueStrategy(t *testing.T) {
+	t.Run("QoS 1: fewest unacknowledged", func(t *testing.T) {
+		f := newFixture(t, scoring.Config{Strategy: "jsq"}, "a", "b", "c")
+		for id, n := range map[string]int{"a": 3, "b": 1, "c": 2} {
+			for range n {
+				f.e.InFlightStarted(id)
+			}
+		}
+		require.Equal(t, "b", f.sel())
+		f.e.InFlightStarted("b") // b now holds 2, as c does
+		f.e.InFlightAcknowledged("a")
+		f.e.InFlightAcknowledged("a") // a holds 1
+		require.Equal(t, "a", f.sel())
+	})
+	t.Run("QoS 0: reported queue plus sent since", func(t *testing.T) {
+		f := newFixture(t, scoring.Config{Strategy: "jsq"}, "a", "b", "c")
+		f.report("a", scoring.Load{Pending: 5})
+		f.report("b", scoring.Load{Pending: 0})
+		f.report("c", scoring.Load{Pending: 2})
+		// b takes messages until its count reaches c's; then they alternate.
+		require.Equal(t, []string{"b", "b"}, f.selN(2, time.Millisecond))
+		got := f.selN(4, time.Millisecond)
+		require.ElementsMatch(t, []string{"b", "b", "c", "c"}, got, "b and c share once equal: %v", got)
+		require.NotContains(t, append(got, f.selN(3, time.Millisecond)...), "a", "a's queue of 5 is still the longest")
+	})
+	t.Run("equal members take turns", func(t *testing.T) {
+		f := newFixture(t, scoring.Config{Strategy: "jsq"}, "a", "b", "c")
+		got := f.selN(6, time.Millisecond)
+		require.Equal(t, map[string]int{"a": 2, "b": 2, "c": 2}, countOf(got))
+	})
+}
+
+func TestPowerOfTwoStrategy(t *testing.T) {
+	t.Run("the longer of the two never wins", func(t *testing.T) {
+		f := newFixture(t, scoring.Config{Strategy: "power-of-two", Seed: 7}, "a", "b")
+		for range 4 {
+			f.e.InFlightStarted("a")
+		}
+		for range 3 {
+			require.Equal(t, "b", f.sel()) // b: 0, then 1, 2, 3 in flight once delivered
+			f.e.InFlightStarted("b")
+		}
+	})
+	t.Run("the busiest member of many is never chosen", func(t *testing.T) {
+		members := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}
+		f := newFixture(t, scoring.Config{Strategy: "power-of-two", Seed: 3}, members...)
+		for range 100 {
+			f.e.InFlightStarted("a")
+		}
+		counts := map[string]int{}
+		for _, id := range f.selN(500, time.Millisecond) {
+			counts[id]++
+			if id != "a" {
+				f.e.InFlightStarted(id)
+				f.e.InFlightAcknowledged(id)
+			}
+		}
+		require.Zero(t, counts["a"], "%v", counts)
+		require.Len(t, counts, len(members)-1, "every other member gets some: %v", counts)
+	})
+	t.Run("one member", func(t *testing.T) {
+		f := newFixture(t, scoring.Config{Strategy: "power-of-two"}, "a")
+		require.Equal(t, "a", f.sel())
+	})
+}

@@ -14,7 +14,7 @@ import (
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 
 	"github.com/luffymq/luffymq/bridge"
-	"github.com/luffymq/luffymq/broker"
+	"github.com/luffymq/luffymq/broker/api"
 )
 
 // counter is a cumulative RabbitMQ counter: rates are its differences
@@ -309,11 +309,11 @@ type luffyStatus struct {
 // readLuffyMQ reads the site's luffymq status API: the bridge (work
 // queues) and the shared groups (online members).
 func readLuffyMQ(ctx context.Context, client *http.Client, s Site) (*luffyStatus, error) {
-	var br broker.BridgeResponse
+	var br api.BridgeResponse
 	if err := getJSON(ctx, client, s, "/api/v1/bridge", &br); err != nil {
 		return nil, err
 	}
-	var gr broker.GroupsResponse
+	var gr api.GroupsResponse
 	if err := getJSON(ctx, client, s, "/api/v1/groups", &gr); err != nil {
 		return nil, err
 	}

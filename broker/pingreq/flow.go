@@ -1,8 +1,11 @@
 package pingreq
 
 import (
+	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/luffymq/luffymq/clientsdk/report"
@@ -18,9 +21,11 @@ const MaxHeldBytes = 16 << 20
 // has more than MaxHeldBytes of deliveries waiting for it.
 var ErrHeldTooMuch = errors.New("pingreq: client over its Receive Maximum has too many deliveries waiting")
 
-// publishType is the packet type of PUBLISH in the high nibble of the
-// fixed header byte.
-const publishType = 3
+// Packet types in the high nibble of the fixed header byte.
+const (
+	publishType = 3
+	pubrelType  = 6
+)
 
 // sendQuota enforces a client's MQTT v5 Receive Maximum on the bytes the
 // broker writes to it (MQTT-3.3.4-9): it counts the QoS≥1 PUBLISH packets
@@ -40,6 +45,18 @@ type sendQuota struct {
 	heldBytes int
 	lost      bool  // the byte stream was not whole packets: count nothing
 	err       error // sticky write error
+
+	// Between BeginResend and EndResend (a resumed session), QoS≥1
+	// publishes are collected here instead of being written, so that
+	// EndResend can release them in the order they were first delivered.
+	resending bool
+	resent    []resentPublish
+}
+
+// resentPublish is a QoS≥1 PUBLISH collected while a session resumes.
+type resentPublish struct {
+	packetID uint16
+	packet   []byte
 }
 
 // SetReceiveMaximum sets the client's Receive Maximum (0: no limit) and
@@ -63,6 +80,82 @@ func (c *Conn) ReleaseDelivery() error {
 		q.inflight--
 	}
 	return c.flushHeldLocked()
+}
+
+// BeginResend starts collecting the QoS≥1 publishes written to the
+// connection (Mochi resending a resumed session's in-flight messages)
+// until EndResend.
+func (c *Conn) BeginResend() {
+	q := &c.quota
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.resending = true
+}
+
+// EndResend releases the publishes collected since BeginResend, within the
+// client's Receive Maximum, ordered by the sequence number order returns
+// for their packet identifiers. Those order does not know keep the order
+// they were written in, after the known ones.
+//
+// Mochi 2.7.9 resends in-flight messages sorted by their creation second
+// with an unstable sort, so a client that resumes a session would get
+// messages queued within one second shuffled.
+func (c *Conn) EndResend(order func(packetID uint16) (seq uint64, known bool)) error {
+	q := &c.quota
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.resending {
+		return q.err
+	}
+	q.resending = false
+	resent := q.resent
+	q.resent = nil
+	if order != nil && len(resent) > 1 {
+		keys := make(map[uint16]uint64, len(resent))
+		for _, r := range resent {
+			if seq, ok := order(r.packetID); ok {
+				keys[r.packetID] = seq
+			}
+		}
+		slices.SortStableFunc(resent, func(a, b resentPublish) int {
+			ka, oka := keys[a.packetID]
+			kb, okb := keys[b.packetID]
+			switch {
+			case oka && okb:
+				return cmp.Compare(ka, kb)
+			case oka:
+				return -1
+			case okb:
+				return 1
+			}
+			return 0
+		})
+	}
+	for _, r := range resent {
+		if q.err != nil {
+			break
+		}
+		q.held = append(q.held, r.packet)
+		q.heldBytes += len(r.packet)
+	}
+	if q.heldBytes > MaxHeldBytes && q.err == nil {
+		q.err = fmt.Errorf("%w: more than %d bytes for a client with Receive Maximum %d", ErrHeldTooMuch, MaxHeldBytes, q.limit)
+	}
+	return c.flushHeldLocked()
+}
+
+// publishPacketID returns the packet identifier of pk, a whole QoS≥1
+// PUBLISH whose remaining length took lengthBytes bytes.
+func publishPacketID(pk []byte, lengthBytes int) (uint16, bool) {
+	at := 1 + lengthBytes // topic name length
+	if len(pk) < at+2 {
+		return 0, false
+	}
+	at += 2 + int(binary.BigEndian.Uint16(pk[at:]))
+	if len(pk) < at+2 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint16(pk[at:]), true
 }
 
 // QuotaState returns the deliveries written and unacknowledged, and those
@@ -124,6 +217,10 @@ func (c *Conn) Write(p []byte) (int, error) {
 		}
 		header := p[off]
 		switch {
+		case q.resending && header>>4 == pubrelType:
+			// A resumed session's QoS 2 delivery waiting for PUBCOMP
+			// counts against the Receive Maximum until it completes.
+			q.inflight++
 		case header>>4 != publishType:
 		case header&0x06 == 0: // QoS 0: may be dropped on its own
 			if err := c.enqueueOut(p[from:off], false); err != nil {
@@ -134,6 +231,14 @@ func (c *Conn) Write(p []byte) (int, error) {
 				q.err = err
 				return 0, err
 			}
+			from = end
+		case q.resending:
+			if err := c.enqueueOut(p[from:off], false); err != nil {
+				q.err = err
+				return 0, err
+			}
+			id, _ := publishPacketID(p[off:end], used)
+			q.resent = append(q.resent, resentPublish{packetID: id, packet: append([]byte(nil), p[off:end]...)})
 			from = end
 		case len(q.held) > 0 || (q.limit > 0 && q.inflight >= q.limit):
 			if err := c.enqueueOut(p[from:off], false); err != nil {

@@ -167,3 +167,76 @@ type discardConn struct{ net.Conn }
 func (discardConn) Write(p []byte) (int, error)      { return len(p), nil }
 func (discardConn) SetWriteDeadline(time.Time) error { return nil }
 func (discardConn) Close() error                     { return nil }
+
+// publishWithID returns a QoS≥1 PUBLISH (header 0x32 or 0x34) to topic
+// "t" with the given packet identifier.
+func publishWithID(header byte, id uint16) []byte {
+	return packet(header, []byte{0, 1, 't', byte(id >> 8), byte(id), 0})
+}
+
+func TestEndResendReleasesInDeliveryOrderWithinReceiveMaximum(t *testing.T) {
+	inner := &recordingConn{}
+	c := NewConn(inner, 0)
+	require.NoError(t, c.SetReceiveMaximum(2))
+	c.BeginResend()
+	connack := []byte{0x20, 0x03, 0x00, 0x00, 0x00}
+	_, err := c.Write(connack)
+	require.NoError(t, err)
+	// Mochi resends 7, 3, 5 (its own order); the session delivered 3, 5, 7.
+	_, err = c.Write(concat(publishWithID(0x32, 7), qos0Publish('z'), publishWithID(0x34, 3)))
+	require.NoError(t, err)
+	_, err = c.Write(publishWithID(0x32, 5))
+	require.NoError(t, err)
+	require.Equal(t, concat(connack, qos0Publish('z')), writtenThrough(c, inner),
+		"nothing QoS≥1 is written while the session resumes; other packets pass")
+
+	order := map[uint16]uint64{3: 10, 5: 11, 7: 12}
+	require.NoError(t, c.EndResend(func(id uint16) (uint64, bool) { s, ok := order[id]; return s, ok }))
+	require.Equal(t, concat(connack, qos0Publish('z'), publishWithID(0x34, 3), publishWithID(0x32, 5)), writtenThrough(c, inner),
+		"the oldest deliveries first, as many as the Receive Maximum allows")
+	inflight, held := c.QuotaState()
+	require.Equal(t, 2, inflight)
+	require.Equal(t, 1, held)
+	require.NoError(t, c.ReleaseDelivery())
+	require.True(t, bytes.HasSuffix(writtenThrough(c, inner), publishWithID(0x32, 7)))
+}
+
+func TestEndResendKeepsUnknownDeliveriesAfterKnownOnes(t *testing.T) {
+	inner := &recordingConn{}
+	c := NewConn(inner, 0)
+	c.BeginResend()
+	_, err := c.Write(concat(publishWithID(0x32, 9), publishWithID(0x32, 8), publishWithID(0x32, 2), publishWithID(0x32, 1)))
+	require.NoError(t, err)
+	known := map[uint16]uint64{2: 5, 1: 6}
+	require.NoError(t, c.EndResend(func(id uint16) (uint64, bool) { s, ok := known[id]; return s, ok }))
+	require.Equal(t, concat(publishWithID(0x32, 2), publishWithID(0x32, 1), publishWithID(0x32, 9), publishWithID(0x32, 8)), writtenThrough(c, inner))
+}
+
+func TestResentPubrelCountsAgainstReceiveMaximum(t *testing.T) {
+	inner := &recordingConn{}
+	c := NewConn(inner, 0)
+	require.NoError(t, c.SetReceiveMaximum(1))
+	c.BeginResend()
+	pubrel := []byte{0x62, 0x02, 0x00, 0x04}
+	_, err := c.Write(concat(pubrel, publishWithID(0x34, 5)))
+	require.NoError(t, err)
+	require.NoError(t, c.EndResend(nil))
+	require.Equal(t, pubrel, writtenThrough(c, inner), "the QoS 2 delivery waiting for PUBCOMP fills Receive Maximum 1")
+	require.NoError(t, c.ReleaseDelivery()) // its PUBCOMP
+	require.Equal(t, concat(pubrel, publishWithID(0x34, 5)), writtenThrough(c, inner))
+
+	// A PUBREL written in the live flow (after the client's PUBREC) is
+	// not a new delivery: it does not count again.
+	_, err = c.Write(pubrel)
+	require.NoError(t, err)
+	inflight, _ := c.QuotaState()
+	require.Equal(t, 1, inflight)
+}
+
+func TestPublishPacketID(t *testing.T) {
+	id, ok := publishPacketID(publishWithID(0x32, 0xBEEF), 1)
+	require.True(t, ok)
+	require.Equal(t, uint16(0xBEEF), id)
+	_, ok = publishPacketID([]byte{0x32, 0x03, 0x00, 0x05, 't'}, 1)
+	require.False(t, ok, "a topic longer than the packet")
+}

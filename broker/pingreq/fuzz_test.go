@@ -284,3 +284,26 @@ func FuzzConnReadMalformedLength(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPublishPacketID: publishPacketID reads any bytes without panicking,
+// and an identifier it returns lies inside the packet.
+func FuzzPublishPacketID(f *testing.F) {
+	f.Add([]byte{0x32, 0x06, 0x00, 0x01, 't', 0x12, 0x34, 0x00}, 1)
+	f.Add([]byte{0x34, 0x04, 0x00, 0x00, 0xFF, 0xFF}, 1)
+	f.Add([]byte{0x32, 0x03, 0x00, 0x05, 't'}, 1)
+	f.Add([]byte{}, 0)
+	f.Fuzz(func(t *testing.T, pk []byte, lengthBytes int) {
+		if lengthBytes < 0 || lengthBytes > 4 {
+			return // callers pass the 1 to 4 bytes of a decoded remaining length
+		}
+		id, ok := publishPacketID(pk, lengthBytes)
+		if !ok {
+			return
+		}
+		at := 1 + lengthBytes
+		at += 2 + (int(pk[at])<<8 | int(pk[at+1]))
+		if at+2 > len(pk) || uint16(pk[at])<<8|uint16(pk[at+1]) != id {
+			t.Fatalf("identifier %d not at offset %d of %x", id, at, pk)
+		}
+	})
+}

@@ -26,6 +26,47 @@ const mosquittoPath = "/usr/sbin/mosquitto"
 // is "true".
 func StartMosquitto(t testing.TB) (addr string) {
 	t.Helper()
+	return startMosquittoRetrying(t, "persistence false\n").Addr
+}
+
+// Mosquitto is a running Mosquitto broker that keeps its sessions on disk
+// across Restart (StartPersistentMosquitto).
+type Mosquitto struct {
+	// Addr is the broker's host:port; it stays the same across restarts.
+	Addr string
+
+	bin, conf string
+	port      int
+	stop      func()
+}
+
+// StartPersistentMosquitto starts Mosquitto as StartMosquitto does, with
+// persistence in a temporary directory and no limit on the messages queued
+// for an offline session, so that Restart keeps sessions and their
+// messages.
+func StartPersistentMosquitto(t testing.TB) *Mosquitto {
+	t.Helper()
+	dir := t.TempDir()
+	return startMosquittoRetrying(t, fmt.Sprintf("persistence true\npersistence_location %s/\nautosave_interval 0\nmax_queued_messages 0\n", dir))
+}
+
+// Restart stops Mosquitto (it saves its sessions on SIGTERM) and starts it
+// again on the same port.
+func (m *Mosquitto) Restart(t testing.TB) {
+	t.Helper()
+	m.stop()
+	var err error
+	for range 50 { // the port is ours; wait for the old listener to close
+		if err = m.start(t); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("restarting mosquitto: %v", err)
+}
+
+func startMosquittoRetrying(t testing.TB, extraConf string) *Mosquitto {
+	t.Helper()
 	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
 		bin = mosquittoPath
@@ -38,75 +79,74 @@ func StartMosquitto(t testing.TB) (addr string) {
 	}
 	var lastErr error
 	for range 3 { // a free port can be taken by someone else before Mosquitto binds it
-		addr, err := startMosquitto(t, bin)
-		if err == nil {
-			return addr
+		port, err := freePort()
+		if err != nil {
+			lastErr = err
+			continue
 		}
-		lastErr = err
+		conf := filepath.Join(t.TempDir(), "mosquitto.conf")
+		config := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\nuser root\nlog_dest stderr\n%s", port, extraConf)
+		if err := os.WriteFile(conf, []byte(config), 0o600); err != nil {
+			t.Fatalf("writing %s: %v", conf, err)
+		}
+		m := &Mosquitto{bin: bin, conf: conf, port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+		if lastErr = m.start(t); lastErr == nil {
+			t.Cleanup(func() { m.stop() })
+			return m
+		}
 	}
 	t.Fatalf("starting mosquitto: %v", lastErr)
-	return ""
+	return nil
 }
 
-func startMosquitto(t testing.TB, bin string) (string, error) {
-	port, err := freePort()
-	if err != nil {
-		return "", err
-	}
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "mosquitto.conf")
-	config := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\npersistence false\nuser root\nlog_dest stderr\n", port)
-	if err := os.WriteFile(conf, []byte(config), 0o600); err != nil {
-		return "", fmt.Errorf("writing %s: %w", conf, err)
-	}
+// start runs Mosquitto with m's configuration and waits until it listens.
+func (m *Mosquitto) start(t testing.TB) error {
 	out := &LockedBuffer{}
-	cmd := exec.Command(bin, "-c", conf)
+	cmd := exec.Command(m.bin, "-c", m.conf)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("running %s: %w", bin, err)
+		return fmt.Errorf("running %s: %w", m.bin, err)
 	}
 	exited := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
 		close(exited)
 	}()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+	var once sync.Once
+	m.stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(5 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+			}
+			if t.Failed() {
+				t.Logf("mosquitto log:\n%s", out.String())
+			}
+		})
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	deadline := time.Now().Add(10 * time.Second)
 	poll := time.NewTicker(20 * time.Millisecond)
 	defer poll.Stop()
 	for {
 		select {
 		case <-exited:
-			return "", fmt.Errorf("mosquitto exited at start: %s", out.String())
+			return fmt.Errorf("mosquitto exited at start: %s", out.String())
 		default:
 		}
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		c, err := net.DialTimeout("tcp", m.Addr, 200*time.Millisecond)
 		if err == nil {
 			_ = c.Close()
-			break
+			return nil
 		}
 		if time.Now().After(deadline) {
-			stop()
-			return "", fmt.Errorf("mosquitto not listening on %s after 10 s: %s", addr, out.String())
+			m.stop()
+			return fmt.Errorf("mosquitto not listening on %s after 10 s: %s", m.Addr, out.String())
 		}
 		<-poll.C
 	}
-	t.Cleanup(func() {
-		stop()
-		if t.Failed() {
-			t.Logf("mosquitto log:\n%s", out.String())
-		}
-	})
-	return addr, nil
 }
 
 func freePort() (int, error) {
