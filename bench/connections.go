@@ -238,6 +238,20 @@ func startConnectionsBroker(ctx context.Context, starter brokerStarter, cfg Conn
 	return connectionsBroker{p}, nil
 }
 
+// onFreshBroker starts system's broker, runs fn against it and stops it;
+// it returns the error of either as text ("" when none).
+func onFreshBroker(ctx context.Context, starter brokerStarter, cfg ConnectionsConfig, system, logName string, fn func(connectionsBroker) error) string {
+	br, err := startConnectionsBroker(ctx, starter, cfg, system, logName)
+	if err == nil {
+		err = fn(br)
+		_ = br.Close()
+	}
+	if err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
 // device is one idle MQTT v5 client.
 type device struct {
 	conn net.Conn
@@ -484,27 +498,17 @@ func RunConnections(ctx context.Context, cfg ConnectionsConfig) error {
 			}
 			run := ConnectionsRun{System: sys, Repeat: rep, Connections: cfg.Connections}
 			fmt.Fprintf(cfg.Progress, "%s · repeat %d/%d · %d idle connections · elapsed %s\n", sys, rep, cfg.Repeat, cfg.Connections, fmtDur(time.Since(began)))
-			br, err := startConnectionsBroker(ctx, starter, cfg, sys, fmt.Sprintf("connections-%s-%d", sys, rep))
-			if err == nil {
-				err = runConnections(ctx, cfg, br, &run)
-				_ = br.Close()
-			}
-			if err != nil {
-				run.Error = err.Error()
-			}
+			run.Error = onFreshBroker(ctx, starter, cfg, sys, fmt.Sprintf("connections-%s-%d", sys, rep), func(br connectionsBroker) error {
+				return runConnections(ctx, cfg, br, &run)
+			})
 			fmt.Fprintf(cfg.Progress, "      connect %.0f/s · RSS %s -> %s = %.1f KiB per connection · delivered %d/%d %s\n",
 				run.ConnectPerS, fmtBytes(run.RSSBeforeBytes), fmtBytes(run.RSSAfterBytes), run.RSSPerConnBytes/1024, run.Delivered, cfg.Connections, run.Error)
 			res.Runs = append(res.Runs, run)
 			if cfg.Churn > 0 {
 				ch := ChurnRun{System: sys, Repeat: rep, Sessions: cfg.Churn}
-				br, err := startConnectionsBroker(ctx, starter, cfg, sys, fmt.Sprintf("churn-%s-%d", sys, rep))
-				if err == nil {
-					err = runChurn(ctx, cfg, br, &ch)
-					_ = br.Close()
-				}
-				if err != nil {
-					ch.Error = err.Error()
-				}
+				ch.Error = onFreshBroker(ctx, starter, cfg, sys, fmt.Sprintf("churn-%s-%d", sys, rep), func(br connectionsBroker) error {
+					return runChurn(ctx, cfg, br, &ch)
+				})
 				fmt.Fprintf(cfg.Progress, "      churn: %d sessions in %.1f s · RSS %s -> %s %s\n", ch.Completed, ch.Seconds,
 					fmtBytes(ch.RSSBeforeBytes), fmtBytes(ch.RSSAfterBytes), ch.Error)
 				res.Churn = append(res.Churn, ch)

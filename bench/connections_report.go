@@ -1,13 +1,9 @@
 package bench
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"image/color"
-	"io/fs"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -204,18 +200,7 @@ func connectionsTable(res *ConnectionsResults, aggs []connAggregate, dir string)
 // loadConnections reads connections.json, or returns nil when there is
 // none.
 func loadConnections(path string) (*ConnectionsResults, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var r ConnectionsResults
-	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return &r, nil
+	return loadJSON[ConnectionsResults](path)
 }
 
 // connectionsSummary is the section of summary.md on idle connections.
