@@ -64,7 +64,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzSitesFile$$' -fuzztime $(FUZZTIME) ./bridge/controller/
 
 ## bench: representative benchmarks (about 15-20 min on 2 cores) into bench/results/, then refresh the README section:
-##   thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, and throughput (3 runs, medians)
+##   thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, throughput (3 runs, medians),
+##   reliability and connections (10 000 idle connections, 3 runs, medians)
 BENCH_OUT     ?= bench/results
 BENCH_SYSTEMS ?= adaptive,adaptive-hold,thesis,jsq,power-of-two,round-robin,mosquitto,live-oracle,oracle
 BENCH_KINDS   ?= thesis-reporter,timer-reporter,paho-qos1-ackafter
@@ -77,6 +78,7 @@ bench:
 	$(BENCH_RUN) --merge --scenario step --scenario join --duration 14s --repeat 1 --subscriber sdk --systems $(BENCH_SYSTEMS)
 	./$(BIN)/luffy-bench throughput --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --repeat 3 --messages 10000 --fanout-messages 5000 --timeout 30s
 	./$(BIN)/luffy-bench reliability --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --burst-pending-writes 65536
+	./$(BIN)/luffy-bench connections --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --connections 10000 --repeat 3
 	./scripts/update-bench-readme.sh $(BENCH_OUT)/summary.md
 
 ## soak: bounded soak test, not part of test (30 min by default): the real luffymq with 2 000

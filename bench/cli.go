@@ -27,6 +27,9 @@ const usage = `Usage: luffy-bench COMMAND [flags]
 Commands:
   shared      shared-subscription latency scenarios (set A of docs/scenarios.md)
   throughput  broker throughput, shared fan-in and plain fan-out (set B)
+  connections N idle MQTT v5 connections, each subscribed to its own topic, against
+              luffymq, vanilla Mochi and Mosquitto: RSS per connection, connect rate,
+              delivery of one command to each, RSS after churn
   summary     rewrite DIR/summary.md from DIR/results.json and DIR/throughput.json
   mochi-server  run vanilla Mochi MQTT (default options, allow-all auth) on --listen;
               the benchmarks start it as a broker process of its own
@@ -52,6 +55,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = sharedCommand(ctx, args[1:], stdout, stderr)
 	case "throughput":
 		err = throughputCommand(ctx, args[1:], stdout, stderr)
+	case ConnectionsCommand:
+		err = connectionsCommand(ctx, args[1:], stdout, stderr)
 	case MochiServerCommand:
 		err = mochiServerCommand(ctx, args[1:], stdout, stderr)
 	case "summary":
@@ -66,7 +71,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	default:
-		err = fmt.Errorf("unknown command %q (want shared, throughput, summary or %s)", args[0], MochiServerCommand)
+		err = fmt.Errorf("unknown command %q (want shared, throughput, connections, summary or %s)", args[0], MochiServerCommand)
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

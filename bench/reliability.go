@@ -366,29 +366,13 @@ func RunReliability(ctx context.Context, cfg ReliabilityConfig) error {
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
 	}
-	mosq := findMosquitto()
-	if slices.Contains(cfg.Systems, SystemMosquitto) && mosq == "" {
-		return errMosquittoMissing
+	starter, cleanup, err := newBrokerStarter(ctx, cfg.Out, cfg.Systems, cfg.LuffyMQ, cfg.Progress)
+	if err != nil {
+		return err
 	}
-	logDir := filepath.Join(cfg.Out, "logs")
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		return fmt.Errorf("output directory: %w", err)
-	}
-	bin := cfg.LuffyMQ
-	if slices.ContainsFunc(cfg.Systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") }) {
-		var cleanup func()
-		var err error
-		if bin, cleanup, err = luffyMQBinary(ctx, bin, cfg.Progress); err != nil {
-			return err
-		}
-		defer cleanup()
-	}
-	self, err := os.Executable()
-	if err != nil && slices.Contains(cfg.Systems, SystemMochi) {
-		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", MochiServerCommand, err)
-	}
-	r := &reliabilityRunner{cfg: cfg, starter: brokerStarter{LuffyMQ: bin, Mosquitto: mosq, Self: self, LogDir: logDir}, logDir: logDir}
-	res := &ReliabilityResults{Machine: machineInfo(mosq), Config: cfg, Notes: reliabilityNotes(cfg)}
+	defer cleanup()
+	r := &reliabilityRunner{cfg: cfg, starter: starter, logDir: starter.LogDir}
+	res := &ReliabilityResults{Machine: machineInfo(starter.Mosquitto), Config: cfg, Notes: reliabilityNotes(cfg)}
 	began := time.Now()
 	type job struct {
 		scenario, system string

@@ -60,6 +60,12 @@ type SharedResults struct {
 
 // loadShared reads an existing results.json, or returns nil.
 func loadShared(path string) (*SharedResults, error) {
+	return loadJSON[SharedResults](path)
+}
+
+// loadJSON reads the JSON file at path into a new T, or returns nil when
+// there is no such file.
+func loadJSON[T any](path string) (*T, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -67,11 +73,11 @@ func loadShared(path string) (*SharedResults, error) {
 	if err != nil {
 		return nil, err
 	}
-	var r SharedResults
-	if err := json.Unmarshal(data, &r); err != nil {
+	r := new(T)
+	if err := json.Unmarshal(data, r); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return &r, nil
+	return r, nil
 }
 
 func writeJSON(path string, v any) error {

@@ -532,6 +532,10 @@ func WriteSummary(dir string) error {
 	if err != nil {
 		return err
 	}
+	conn, err := loadConnections(filepath.Join(dir, "connections.json"))
+	if err != nil {
+		return err
+	}
 	var b strings.Builder
 	b.WriteString("# LuffyMQ benchmark summary\n\n")
 	var machine *MachineInfo
@@ -577,6 +581,12 @@ func WriteSummary(dir string) error {
 	}
 	for _, g := range throughputGoals(tp) {
 		b.WriteString(g.String() + "\n")
+	}
+	if conn != nil {
+		for _, g := range connectionsGoals(conn, aggregateConnections(conn)) {
+			g.Text = "idle connections: " + g.Text
+			b.WriteString(g.String() + "\n")
+		}
 	}
 	b.WriteString("\n")
 	if shared != nil {
@@ -635,6 +645,9 @@ func WriteSummary(dir string) error {
 	}
 	if tp != nil {
 		b.WriteString(throughputMarkdown(tp))
+	}
+	if conn != nil {
+		b.WriteString(connectionsSummary(conn, dir))
 	}
 	return os.WriteFile(filepath.Join(dir, "summary.md"), []byte(b.String()), 0o644)
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,6 +38,32 @@ type brokerStarter struct {
 	Self string
 	// LogDir receives broker logs.
 	LogDir string
+}
+
+// newBrokerStarter prepares the brokers of systems for a run writing into
+// out: it finds Mosquitto, makes out/logs, builds luffymq when luffymq is
+// "" (cleanup removes it) and locates this executable for vanilla Mochi.
+func newBrokerStarter(ctx context.Context, out string, systems []string, luffymq string, progress io.Writer) (b brokerStarter, cleanup func(), err error) {
+	cleanup = func() {}
+	b.Mosquitto = findMosquitto()
+	if slices.Contains(systems, SystemMosquitto) && b.Mosquitto == "" {
+		return b, cleanup, errMosquittoMissing
+	}
+	b.LogDir = filepath.Join(out, "logs")
+	if err := os.MkdirAll(b.LogDir, 0o755); err != nil {
+		return b, cleanup, fmt.Errorf("output directory: %w", err)
+	}
+	b.LuffyMQ = luffymq
+	if slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") }) {
+		if b.LuffyMQ, cleanup, err = luffyMQBinary(ctx, luffymq, progress); err != nil {
+			return b, func() {}, err
+		}
+	}
+	if b.Self, err = os.Executable(); err != nil && slices.Contains(systems, SystemMochi) {
+		cleanup()
+		return b, func() {}, fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", MochiServerCommand, err)
+	}
+	return b, cleanup, nil
 }
 
 // start starts the broker for system (not the oracle) with the given report

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -60,6 +61,10 @@ type Broker struct {
 	// pacing makes publishers wait for clients draining a full write
 	// queue; nil with publisher pacing off.
 	pacing *hooks.PacingHook
+
+	// trim returns freed memory to the OS after connection storms; nil
+	// when off or not started.
+	trim *memTrimLoop
 }
 
 // New validates cfg, reads the files it names and builds a broker. Nothing
@@ -100,6 +105,9 @@ func New(cfg Config) (*Broker, error) {
 	// Mochi allocates a packet's whole remaining length before reading
 	// it; without a limit one client could make it allocate 256 MiB.
 	capabilities.MaximumPacketSize = uint32(cfg.MaxPacketSize)
+	// Mochi's per-client write queue: what --max-pending-writes says, or
+	// sized from the outbox, which bounds the bytes (see PendingWritesFor).
+	capabilities.MaximumClientWritesPending = int32(PendingWritesFor(cfg.MaxQueuedBytes))
 	if cfg.MaxPendingWrites > 0 {
 		capabilities.MaximumClientWritesPending = int32(cfg.MaxPendingWrites)
 	}
@@ -333,6 +341,14 @@ func (b *Broker) Start() error {
 		}
 	}
 	b.live.start()
+	if b.cfg.MemoryTrimStep > 0 {
+		info := b.server.Info
+		b.trim = newMemTrimLoop(b.cfg.MemoryTrimStep, func() counts {
+			return counts{accepted: b.connections.Accepted.Load(), connected: atomic.LoadInt64(&info.ClientsConnected),
+				subscriptions: atomic.LoadInt64(&info.Subscriptions)}
+		}, b.log)
+		b.trim.start()
+	}
 	b.started = true
 	b.log.Info("luffymq started", "mqtt", b.mqttAddrLocked(), "tls", b.cfg.TLSListen, "ws", b.cfg.WSListen,
 		"http", b.httpAddr, "strategy", b.cfg.Strategy, "report_interval", b.cfg.ReportInterval)
@@ -373,6 +389,9 @@ func (b *Broker) Close() error {
 		b.live.stop() // ends the event streams, so the HTTP server can shut down
 		b.mu.Lock()
 		started := b.started
+		if b.trim != nil {
+			b.trim.close()
+		}
 		b.mu.Unlock()
 		if b.bridge != nil {
 			_ = b.bridge.Close() // before the server, so nothing is injected into a closed broker

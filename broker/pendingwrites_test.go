@@ -9,16 +9,20 @@ import (
 )
 
 // TestMaxPendingWritesReachesMochi checks that --max-pending-writes sizes
-// Mochi's per-client outbound packet queue, that 0 keeps Mochi's default
-// and that values out of range are refused in one line.
+// Mochi's per-client outbound packet queue, that 0 sizes it from
+// --max-queued-bytes (within 64 and Mochi's default) and that values out of
+// range are refused in one line.
 func TestMaxPendingWritesReachesMochi(t *testing.T) {
 	for _, tt := range []struct {
 		args []string
 		want int32
 	}{
-		{nil, mqtt.NewDefaultServerCapabilities().MaximumClientWritesPending},
-		{[]string{"--max-pending-writes", "0"}, mqtt.NewDefaultServerCapabilities().MaximumClientWritesPending},
+		{nil, 512},
+		{[]string{"--max-pending-writes", "0"}, 512},
+		{[]string{"--max-queued-bytes", "1048576"}, 64},
+		{[]string{"--max-queued-bytes", "1073741824"}, mqtt.NewDefaultServerCapabilities().MaximumClientWritesPending},
 		{[]string{"--max-pending-writes", "65536"}, 65536},
+		{[]string{"--max-pending-writes", "100", "--max-queued-bytes", "1073741824"}, 100},
 	} {
 		cfg, err := ConfigFromArgs(append([]string{"--listen", "127.0.0.1:0", "--http", ""}, tt.args...), io.Discard, io.Discard)
 		require.NoError(t, err, tt.args)

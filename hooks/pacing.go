@@ -14,9 +14,9 @@ import (
 // Publisher pacing.
 //
 // Mochi hands every delivery to the receiving client's write queue, a
-// channel of Capabilities.MaximumClientWritesPending packets (8192 by
-// default) that the client's write loop drains, and drops the delivery
-// when that queue is full. The queue is filled by the publishers' read
+// channel of Capabilities.MaximumClientWritesPending packets (Mochi's
+// default 8192; the broker sizes it from the outbox) that the client's
+// write loop drains, and drops the delivery when that queue is full. The queue is filled by the publishers' read
 // goroutines and nothing slows them: on two cores four publishers
 // bursting QoS 0 messages fill the queues of subscribers that keep up on
 // average, and a quarter of the burst is dropped (Mosquitto's single loop

@@ -116,7 +116,6 @@ func NewConn(c net.Conn, maxPayload int) *Conn {
 	}
 	cn := &Conn{Conn: c, max: maxPayload}
 	cn.owed = cn.owedBuf[:0]
-	cn.out.wake.L = &cn.out.mu
 	cn.out.limits = WriteLimits{}.withDefaults()
 	return cn
 }

@@ -67,13 +67,7 @@ func TestWritesGoOutInChunks(t *testing.T) {
 	rec := &writeSizeConn{Conn: server}
 	c := NewConn(rec, 0)
 	pk := filled(0x32, 300<<10, 'x')
-	_, err := c.Write(pk)
-	require.NoError(t, err)
-	got := make([]byte, len(pk))
-	require.NoError(t, client.SetReadDeadline(time.Now().Add(5*time.Second)))
-	_, err = io.ReadFull(client, got)
-	require.NoError(t, err)
-	require.Equal(t, pk, got)
+	writeAndReceive(t, c, client, pk)
 	require.GreaterOrEqual(t, rec.calls.Load(), int64(len(pk)/writeChunk))
 	require.LessOrEqual(t, rec.largest.Load(), int64(writeChunk))
 }

@@ -18,6 +18,10 @@ import (
 // appends the bytes to the connection's outbox and a writer goroutine of
 // its own sends them. The outbox is bounded, and a write that makes no
 // progress for the write timeout ends the connection.
+//
+// The writer runs only while bytes wait: Write starts it when the outbox
+// was empty and it ends once it has sent everything, so an idle connection
+// (most of a device fleet) costs no goroutine of LuffyMQ's.
 
 // DefaultWriteTimeout is how long the writer may go without sending a byte
 // to a client before the connection is closed, when WriteLimits.Timeout is
@@ -36,6 +40,10 @@ const closeFlushTimeout = time.Second
 // shrinkAbove is the outbox capacity above which an emptied buffer is let
 // go rather than kept for reuse, so one burst does not pin its memory.
 const shrinkAbove = 1 << 20
+
+// idleBuffer is the largest buffer a connection keeps while nothing waits
+// to be sent to it.
+const idleBuffer = 4 << 10
 
 // ErrWriteTimeout ends a connection whose socket accepted no byte for the
 // write timeout.
@@ -97,12 +105,11 @@ type WriteStats struct {
 // sent them. Lock order: sendQuota.mu, then outbox.mu.
 type outbox struct {
 	mu      sync.Mutex
-	wake    sync.Cond
 	limits  WriteLimits
 	pending []byte // bytes not yet taken by the writer
 	spare   []byte // the buffer the writer last sent, reused
 	writing int    // bytes the writer took and has not finished sending
-	started bool   // the writer goroutine runs
+	running bool   // a writer goroutine runs; false only while nothing waits
 	closing bool   // Close was called: flush, then close the socket
 	err     error  // sticky: the connection failed
 
@@ -215,27 +222,35 @@ func (c *Conn) enqueueOut(p []byte, qos0 bool) error {
 		return err
 	}
 	o.pending = append(o.pending, p...)
-	if !o.started {
-		o.started = true
+	if !o.running {
+		o.running = true
 		go c.runWriter()
 	}
 	o.mu.Unlock()
-	o.wake.Signal()
 	return nil
 }
 
-// runWriter sends the outbox to the socket until the connection fails or
-// is closed, then closes the socket.
+// runWriter sends the outbox to the socket until it is empty and then
+// ends. Once the connection failed, or was closed and everything queued
+// went out, it closes the socket.
 func (c *Conn) runWriter() {
 	o := &c.out
 	o.mu.Lock()
 	for {
-		for len(o.pending) == 0 && !o.closing && o.err == nil {
-			o.wake.Wait()
-		}
 		if o.err != nil || (o.closing && len(o.pending) == 0) {
+			o.running = false
 			o.mu.Unlock()
 			_ = c.Conn.Close()
+			return
+		}
+		if len(o.pending) == 0 {
+			// Idle: keep one small buffer for the next write, no more.
+			o.running = false
+			o.spare = nil
+			if cap(o.pending) > idleBuffer {
+				o.pending = nil
+			}
+			o.mu.Unlock()
 			return
 		}
 		batch := o.pending
@@ -311,13 +326,13 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	o.closing = true
-	if !o.started {
+	if !o.running {
+		// Nothing waits to be sent, or the connection failed.
 		o.mu.Unlock()
 		return c.Conn.Close()
 	}
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
 	o.mu.Unlock()
-	o.wake.Signal()
 	return nil
 }
 

@@ -153,3 +153,81 @@ func TestCloseSendsWhatIsQueued(t *testing.T) {
 	require.Equal(t, concat(big, disconnect), got)
 	require.True(t, bytes.HasSuffix(got, disconnect))
 }
+
+// writeAndReceive writes pk to c and checks that peer reads exactly pk.
+func writeAndReceive(t *testing.T, c *Conn, peer net.Conn, pk []byte) {
+	t.Helper()
+	_, err := c.Write(pk)
+	require.NoError(t, err)
+	got := make([]byte, len(pk))
+	require.NoError(t, peer.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = io.ReadFull(peer, got)
+	require.NoError(t, err)
+	require.Equal(t, pk, got)
+}
+
+// writerRunning reports whether c has a writer goroutine.
+func writerRunning(c *Conn) bool {
+	c.out.mu.Lock()
+	defer c.out.mu.Unlock()
+	return c.out.running
+}
+
+// TestWriterRunsOnlyWhileBytesWait: once everything written went out the
+// writer goroutine ends and the connection keeps no large buffer (an idle
+// client costs none of LuffyMQ's goroutines); the next write starts it
+// again, and every byte arrives in order.
+func TestWriterRunsOnlyWhileBytesWait(t *testing.T) {
+	server, client := tcpPairDefaultBuffers(t)
+	c := NewConn(server, 0)
+	require.False(t, writerRunning(c), "no writer before the first write")
+	for round := range 3 {
+		writeAndReceive(t, c, client, filled(0x30, 64<<10, byte('a'+round)))
+		require.Eventually(t, func() bool { return !writerRunning(c) }, 5*time.Second, time.Millisecond, "round %d: the writer ends once the outbox is empty", round)
+		c.out.mu.Lock()
+		kept := cap(c.out.pending) + cap(c.out.spare)
+		c.out.mu.Unlock()
+		require.LessOrEqual(t, kept, idleBuffer, "round %d: an idle connection keeps at most a small buffer", round)
+	}
+	require.Zero(t, c.WriteStats().QueuedBytes)
+}
+
+// TestWritersAndCloseRace writes from several goroutines while the writer
+// keeps starting and ending, then closes: every byte written before Close
+// arrives, whole and in each writer's order, and the socket closes (run
+// with -race).
+func TestWritersAndCloseRace(t *testing.T) {
+	server, client := tcpPairDefaultBuffers(t)
+	c := NewConn(server, 0)
+	const writers, each = 4, 200
+	done := make(chan struct{})
+	for w := range writers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range each {
+				pk := []byte{0x30, 0x03, 0x00, 0x01, byte(w)}
+				_, _ = c.Write(pk)
+				if i%50 == 0 {
+					time.Sleep(time.Millisecond) // a pause, so the writer ends and restarts within the run
+				}
+			}
+		}()
+	}
+	for range writers {
+		<-done
+	}
+	require.NoError(t, c.Close())
+	require.NoError(t, client.SetReadDeadline(time.Now().Add(5*time.Second)))
+	got, err := io.ReadAll(client)
+	require.NoError(t, err, "EOF once everything went out")
+	require.Len(t, got, writers*each*5)
+	counts := make([]int, writers)
+	for off := 0; off < len(got); off += 5 {
+		require.Equal(t, []byte{0x30, 0x03, 0x00, 0x01}, got[off:off+4], "packets arrive whole")
+		counts[got[off+4]]++
+	}
+	for w, n := range counts {
+		require.Equal(t, each, n, "writer %d", w)
+	}
+	require.False(t, writerRunning(c))
+}

@@ -5,6 +5,7 @@
 //	luffy-bench shared --scenario thesis-2 --repeat 3 --subscriber sdk,thesis-reporter --out bench/results
 //	luffy-bench throughput --repeat 3 --out bench/results
 //	luffy-bench reliability --out bench/results
+//	luffy-bench connections --connections 10000 --repeat 3 --out bench/results
 //	luffy-bench soak --duration 30m --out bench/results/soak
 //	luffy-bench sites --out bench/results/sites
 //	luffy-bench mochi-server --listen 127.0.0.1:1883
@@ -15,6 +16,9 @@
 // luffymq, vanilla Mochi and Mosquitto in the same run. `soak` runs 2 000
 // connections in shared groups with churn for 30 min against luffymq and
 // records lost, duplicated, latency, RSS and goroutines over time.
+// `connections` opens N idle subscribed connections against luffymq,
+// vanilla Mochi and Mosquitto and reports RSS per connection, the connect
+// rate and the delivery of one command to each.
 // `sites` runs scenario set C across sites on real RabbitMQ nodes joined
 // by delayed links: luffymq against RabbitMQ federation full mesh, star,
 // random placement and a central cloud broker.
