@@ -175,12 +175,17 @@ type BridgeWorkQueue struct {
 	OwnOverflow uint64 `json:"own_overflow"`
 	// OverflowAtPublish counts local publishes sent to the dead-letter
 	// exchange at once (the members would not start them within the TTL).
-	OverflowAtPublish uint64            `json:"overflow_at_publish"`
-	FromOtherSites    uint64            `json:"from_other_sites"`
-	FromSite          map[string]uint64 `json:"from_site"`
-	Completed         uint64            `json:"completed"`
-	Requeued          uint64            `json:"requeued"`
-	Duplicates        uint64            `json:"duplicates"`
+	OverflowAtPublish uint64 `json:"overflow_at_publish"`
+	// RoutedTo counts, by site, local publishes sent straight to another
+	// site that would start them sooner (--wq-route nearest);
+	// StatesFresh counts the other sites whose group state is fresh.
+	RoutedTo       map[string]uint64 `json:"routed_to"`
+	StatesFresh    int               `json:"states_fresh"`
+	FromOtherSites uint64            `json:"from_other_sites"`
+	FromSite       map[string]uint64 `json:"from_site"`
+	Completed      uint64            `json:"completed"`
+	Requeued       uint64            `json:"requeued"`
+	Duplicates     uint64            `json:"duplicates"`
 }
 
 // FederationLinkStatus is one federation link of the site's RabbitMQ.
@@ -448,7 +453,7 @@ func (l *liveState) bridgeStatus(cur counterSample, rate func(cur, prev float64)
 	for g, w := range br.WorkQueueStats() {
 		s.WorkQueues = append(s.WorkQueues, BridgeWorkQueue{
 			Group: g, Depth: w.InQueue, MaxLength: w.MaxLength, TTLMs: millis(w.TTL), Weight: w.Weight,
-			Local: w.Local, OwnOverflow: w.OwnOverflow, OverflowAtPublish: w.OverflowAtPublish, FromOtherSites: w.FromOtherSites, FromSite: w.FromSite,
+			Local: w.Local, OwnOverflow: w.OwnOverflow, OverflowAtPublish: w.OverflowAtPublish, RoutedTo: w.RoutedTo, StatesFresh: w.StatesFresh, FromOtherSites: w.FromOtherSites, FromSite: w.FromSite,
 			Completed: w.Completed, Requeued: w.Requeued, Duplicates: w.Duplicates,
 		})
 	}
