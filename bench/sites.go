@@ -537,8 +537,8 @@ func wqNote(cfg SitesConfig) string {
 	} else {
 		note += fmt.Sprintf(" The policy and weights are retuned every %s (the default is %s).", fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval))
 	}
-	note += " luffymq routes each publish to the site whose members would start it soonest, one-way delay included (" + flagWQRoute + " nearest: every site publishes its group state over federation about every 100 ms while it changes); " +
-		ArchLuffyMQRing + " is the same brokers with " + flagWQRoute + " ring: a message its site's members would not start within the TTL goes to the dead-letter exchange's consistent-hash ring at once; " +
+	note += " luffymq overflows at publish (a message its site's members would not start within the TTL goes to the dead-letter exchange's consistent-hash ring at once); " +
+		ArchLuffyMQNearest + " is the same brokers with " + flagWQRoute + " nearest: each publish goes to the site whose members would start it soonest, one-way delay included (every site publishes its group state over federation about every 100 ms while it changes); " +
 		ArchLuffyMQTTLOnly + " is the same brokers with " + flagWQTTLOnly + ", the thesis's rule: a message leaves wq.jobs only when its TTL expires or the queue is full."
 	return note
 }

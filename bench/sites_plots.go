@@ -16,7 +16,7 @@ import (
 var archColors = map[string]color.Color{
 	ArchLuffyMQ:          palette[0],
 	ArchLuffyMQTTLOnly:   palette[5],
-	ArchLuffyMQRing:      palette[7],
+	ArchLuffyMQNearest:   palette[7],
 	ArchFullMesh:         palette[2],
 	ArchQueueFederation:  palette[2],
 	ArchStar:             palette[4],

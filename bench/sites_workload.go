@@ -46,11 +46,11 @@ const (
 	// thesis's overflow rule (a message leaves wq.<g> only when its TTL
 	// expires or the queue is full), measured beside overflow at publish.
 	ArchLuffyMQTTLOnly = "luffymq-ttl-only"
-	// ArchLuffyMQRing: the same with --wq-route ring: what leaves a
-	// site goes through the dead-letter exchange's consistent-hash ring,
-	// by eq. 2.13's weights, instead of straight to the site that would
-	// start it soonest.
-	ArchLuffyMQRing = "luffymq-ring"
+	// ArchLuffyMQNearest: the same with --wq-route nearest: each publish
+	// goes straight to the site whose members would start it soonest,
+	// one-way delay included, by the group states the sites publish,
+	// instead of through the dead-letter exchange's consistent-hash ring.
+	ArchLuffyMQNearest = "luffymq-nearest"
 	// ArchQueueFederation: plain RabbitMQ, queue federation in a full mesh,
 	// AMQP clients.
 	ArchQueueFederation = "queue-federation"
@@ -81,7 +81,7 @@ const (
 func sitesArchitectures(scenario string) []string {
 	switch scenario {
 	case SitesWQLocal, SitesWQBalanced:
-		return []string{ArchLuffyMQ, ArchLuffyMQRing, ArchLuffyMQTTLOnly, ArchQueueFederation, ArchCloud, ArchCloudDist}
+		return []string{ArchLuffyMQ, ArchLuffyMQNearest, ArchLuffyMQTTLOnly, ArchQueueFederation, ArchCloud, ArchCloudDist}
 	case SitesReconfig:
 		return []string{ArchReconfigConserve, ArchReconfigDiscard}
 	}

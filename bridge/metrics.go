@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,12 +127,15 @@ type wqCounters struct {
 	routedTo  map[string]uint64
 	settled   map[string]uint64
 	fromSites map[string]uint64
+	// routedFrom counts the part of fromSites that was routed here by
+	// this site's state (State.Taken).
+	routedFrom map[string]uint64
 }
 
 func (s *stats) wqGroup(g string) *wqCounters {
 	c := s.wq[g]
 	if c == nil {
-		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}}
+		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}, routedFrom: map[string]uint64{}}
 		s.wq[g] = c
 	}
 	return c
@@ -155,21 +159,23 @@ func (s *stats) wqRoutedTo(g, site string) {
 	s.mu.Unlock()
 }
 
-// wqTakenFrom returns a copy of group g's counts of other sites'
-// messages taken from the intake, by origin.
+// wqTakenFrom returns a copy of group g's counts of the messages other
+// sites routed here that were taken from the intake, by origin.
 func (s *stats) wqTakenFrom(g string) map[string]uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[string]uint64, len(s.wqGroup(g).fromSites))
-	for o, n := range s.wqGroup(g).fromSites {
-		out[o] = n
-	}
-	return out
+	return maps.Clone(s.wqGroup(g).routedFrom)
 }
 
-func (s *stats) wqFromSite(g, origin string) {
+// wqFromSite counts a message of another site taken from the intake;
+// routed says it came straight to this site by its state.
+func (s *stats) wqFromSite(g, origin string, routed bool) {
 	s.mu.Lock()
-	s.wqGroup(g).fromSites[origin]++
+	c := s.wqGroup(g)
+	c.fromSites[origin]++
+	if routed {
+		c.routedFrom[origin]++
+	}
 	s.mu.Unlock()
 }
 

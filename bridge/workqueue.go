@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -183,6 +184,8 @@ func (b *Bridge) exportWork(pk packets.Packet) {
 			switch d := g.view.decide(time.Now(), g.router); {
 			case d.site != "":
 				m.exchange, m.key, m.wakesWork = RouteExchangeName(g.name), d.site, false
+				m.pub.Headers = maps.Clone(m.pub.Headers)
+				m.pub.Headers[headerRouted] = true
 				b.stats.wqRoutedTo(g.name, d.site)
 			case d.overflow:
 				m.exchange = DeadLetterExchangeName(g.name)

@@ -129,7 +129,7 @@ type WorkQueueConfig struct {
 	// start within the TTL goes to the dead-letter exchange at once
 	// (overflow at publish, see earlyoverflow.go).
 	TTLOverflowOnly bool
-	// Route is RouteNearest (the default) or RouteRing. It has no effect
+	// Route is RouteRing (the default) or RouteNearest. It has no effect
 	// with TTLOverflowOnly.
 	Route string
 	// StateInterval is how often at most a broker publishes its group
@@ -186,7 +186,7 @@ func (c WorkQueueConfig) withDefaults(amqpURL string, groups bool) (WorkQueueCon
 	}
 	switch c.Route {
 	case "":
-		c.Route = RouteNearest
+		c.Route = RouteRing
 	case RouteNearest, RouteRing:
 	default:
 		return c, fmt.Errorf("%w: wq-route %q: want %s or %s", ErrInvalidConfig, c.Route, RouteNearest, RouteRing)

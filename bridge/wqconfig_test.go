@@ -32,7 +32,7 @@ func TestWQConfigTuning(t *testing.T) {
 	capa := c.capacity(idle)
 	require.Equal(t, 600, capa.MaxLength)
 	require.Equal(t, 100*time.Millisecond, capa.TTL)
-	require.Equal(t, RouteNearest, c.Route, "default routing")
+	require.Equal(t, RouteRing, c.Route, "default routing")
 	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteRing}, "berlin"))
 	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteNearest, TTLOverflowOnly: true}, "berlin"), "the thesis's rule routes nothing at publish")
 

@@ -29,6 +29,12 @@ import (
 // exchange: a message whose site's link is not bound (yet) is served
 // here rather than dropped.
 
+// headerRouted marks a message routed to a site by its state: that site
+// counts the ones it takes, by origin, in its states (State.Taken). What
+// reaches it through the hash ring is not counted: its origin did not
+// count it as sent there.
+const headerRouted = "x-luffymq-routed"
+
 // stateHeartbeatIntervals is how many StateIntervals at most pass between
 // two states of a broker that saw no change.
 const stateHeartbeatIntervals = 5

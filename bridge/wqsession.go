@@ -276,7 +276,8 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		}
 		if source == fromOtherSite {
 			origin, _ := d.Headers[HeaderOrigin].(string)
-			b.stats.wqFromSite(g.name, origin)
+			routed, _ := d.Headers[headerRouted].(bool)
+			b.stats.wqFromSite(g.name, origin, routed)
 		}
 		if !b.deliverWork(g, d, gen, source) {
 			if !wait(20 * time.Millisecond) { // no member after all: let scoring catch up

@@ -115,9 +115,11 @@ func NewRouter(cfg Config) *Router {
 	return &Router{cfg: cfg}
 }
 
-// Observe records st, which arrived at arrived. States of one site from
-// several brokers are merged: the latest of each broker is not kept apart,
-// so a site of several brokers counts as its latest publisher's members.
+// Observe records st, which arrived at arrived. The brokers of one site
+// are not told apart: each state replaces the site's last, so a site of
+// several brokers counts as its latest publisher's members, and their
+// alternating boot IDs reset the count of what was sent there. Routing by
+// state assumes one broker per site.
 func (r *Router) Observe(st State, arrived time.Time) {
 	members := make([]scoring.MemberSnapshot, len(st.Members))
 	for i, m := range st.Members {

@@ -257,12 +257,17 @@ type BridgeWorkQueue struct {
 	OwnOverflow uint64 `json:"own_overflow"`
 	// OverflowAtPublish counts local publishes sent to the dead-letter
 	// exchange at once (the members would not start them within the TTL).
-	OverflowAtPublish uint64            `json:"overflow_at_publish"`
-	FromOtherSites    uint64            `json:"from_other_sites"`
-	FromSite          map[string]uint64 `json:"from_site"`
-	Completed         uint64            `json:"completed"`
-	Requeued          uint64            `json:"requeued"`
-	Duplicates        uint64            `json:"duplicates"`
+	OverflowAtPublish uint64 `json:"overflow_at_publish"`
+	// RoutedTo counts, by site, local publishes sent straight to another
+	// site that would start them sooner (--wq-route nearest);
+	// StatesFresh counts the other sites whose group state is fresh.
+	RoutedTo       map[string]uint64 `json:"routed_to"`
+	StatesFresh    int               `json:"states_fresh"`
+	FromOtherSites uint64            `json:"from_other_sites"`
+	FromSite       map[string]uint64 `json:"from_site"`
+	Completed      uint64            `json:"completed"`
+	Requeued       uint64            `json:"requeued"`
+	Duplicates     uint64            `json:"duplicates"`
 }
 
 // FederationLinkStatus is one federation link of the site's RabbitMQ.
