@@ -86,7 +86,7 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 			}
 		}
 		return true
-	}, 30*time.Second, 100*time.Millisecond, "work queue %s not federated", s.group)
+	}, 90*time.Second, 100*time.Millisecond, "work queue %s not federated", s.group) // setup only: slow when nodes are busy
 	// Warm-up: every member finishes messages of its own site until the
 	// brokers have a service time for each (they acknowledge after
 	// processing), so that every site's state can be predicted.
