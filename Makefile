@@ -63,8 +63,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzSiteConfig$$' -fuzztime $(FUZZTIME) ./bridge/
 	$(GO) test -run '^$$' -fuzz '^FuzzSitesFile$$' -fuzztime $(FUZZTIME) ./bridge/controller/
 
-## bench: representative benchmarks (about 15-20 min on 2 cores) into bench/results/, then refresh the README section:
-##   thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, throughput (3 runs, medians),
+## bench: representative benchmarks (about 35-45 min on 2 cores) into bench/results/, then refresh docs/benchmarks.md
+##   and the README's headline: thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, an
+##   uneven fleet of 20 (fleet-20-rho85, against jsq and the live oracle; 3 runs), throughput (3 runs, medians),
 ##   reliability and connections (10 000 idle connections, 3 runs, medians)
 BENCH_OUT     ?= bench/results
 BENCH_SYSTEMS ?= adaptive,adaptive-hold,thesis,jsq,power-of-two,round-robin,mosquitto,live-oracle,oracle
@@ -76,6 +77,7 @@ bench:
 	$(BENCH_RUN) --merge --scenario thesis-2 --duration 10s --repeat 3 --subscriber $(BENCH_KINDS) --systems $(BENCH_SYSTEMS)
 	$(BENCH_RUN) --merge --scenario thesis-1 --duration 5s --repeat 3 --subscriber sdk --systems $(BENCH_SYSTEMS)
 	$(BENCH_RUN) --merge --scenario step --scenario join --duration 14s --repeat 1 --subscriber sdk --systems $(BENCH_SYSTEMS)
+	$(BENCH_RUN) --merge --scenario fleet-20-rho85 --duration 10s --repeat 3 --subscriber paho-qos1-ackafter,thesis-reporter --systems adaptive,thesis,jsq,power-of-two,live-oracle,oracle
 	./$(BIN)/luffy-bench throughput --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --repeat 3 --messages 10000 --fanout-messages 5000 --timeout 30s
 	./$(BIN)/luffy-bench reliability --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --burst-pending-writes 65536
 	./$(BIN)/luffy-bench connections --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --connections 10000 --repeat 3
