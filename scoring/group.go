@@ -21,6 +21,11 @@ type group struct {
 	totals map[string]uint64
 
 	nextRoundRobin int
+	// runnerUp is the index of the adaptive strategy's second choice at
+	// the last selection in a sampled group, joined to the next sample
+	// while runnerUpMember is still at that index.
+	runnerUp       int
+	runnerUpMember *member
 	nextOffline    int
 	sticky         *member
 	rng            uint64

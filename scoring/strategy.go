@@ -238,8 +238,14 @@ func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 		// The round-robin pointer joins the sample so no member starves.
 		candidates[0] = g.nextRoundRobin % n
 		g.nextRoundRobin++
+		// So does the runner-up of the previous selection (sampling with
+		// memory): a good member found once is not lost to the draw.
+		if r := g.runnerUp; r < n && g.members[r] == g.runnerUpMember && count > 1 {
+			candidates[1] = r
+		}
 	}
 	best := candidate{index: -1, capped: true}
+	second := candidate{index: -1, capped: true}
 	for k := 0; k < count; k++ {
 		i := k
 		if n > exhaustiveLimit {
@@ -262,8 +268,13 @@ func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 		c.fromAcks = m.learnsFromAcks()
 		m.mu.Unlock()
 		if best.index < 0 || better(c.capped, c.start, c.held, c.free, c.sent, best.capped, best.start, best.held, best.free, best.sent) {
-			best = c
+			best, second = c, best
+		} else if c.index != best.index && (second.index < 0 || better(c.capped, c.start, c.held, c.free, c.sent, second.capped, second.start, second.held, second.free, second.sent)) {
+			second = c
 		}
+	}
+	if n > exhaustiveLimit && second.index >= 0 {
+		g.runnerUp, g.runnerUpMember = second.index, g.members[second.index]
 	}
 	return best.index, best
 }
