@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -9,9 +8,6 @@ import (
 	"strings"
 	"time"
 )
-
-// ErrInvalidConfig is wrapped by every configuration error.
-var ErrInvalidConfig = errors.New("bridge")
 
 // Config describes a site bridge. The zero value of an optional field takes
 // the default shown.
@@ -149,37 +145,6 @@ func checkExport(f string) error {
 		return fmt.Errorf("%w: export %q: its exchange name %s… is longer than RabbitMQ's %d bytes; shorten the first level", ErrInvalidConfig, f, ExchangeName(f)[:32], MaxAMQPNameLength)
 	}
 	return nil
-}
-
-// MaxAMQPNameLength is the longest exchange or queue name AMQP 0-9-1
-// carries (a short string).
-const MaxAMQPNameLength = 255
-
-func validName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-// redact hides the password of an AMQP URL for logs and errors.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err == nil && u.User != nil {
-		return u.Redacted()
-	}
-	if i := strings.LastIndex(raw, "@"); i >= 0 {
-		return "xxxxx@" + raw[i+1:] // unparsable, but may hold a password
-	}
-	if err != nil {
-		return "<unparsable URL>"
-	}
-	return raw
 }
 
 // ExchangePrefix starts the name of every pub/sub exchange; only exchanges

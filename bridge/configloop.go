@@ -8,53 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
-
-// configMessage is algorithms.md §2.6's configuration message: global
-// entity -> upstreams of this site for it.
-type configMessage map[string][]struct {
-	URI string `json:"uri"`
-}
-
-// federationFor turns a configuration message into per-exchange
-// federations: a "pubsub*" exchange is federated as itself; "wq.<g>"
-// federates wq.<g>.in from the upstreams' wq.<g>.dlx, and wq.<g>.to from
-// theirs (states and messages routed to this site, see wqrouting.go).
-func federationFor(m configMessage) ([]ExchangeFederation, error) {
-	out := []ExchangeFederation{}
-	for name, ups := range m {
-		x := ExchangeFederation{Exchange: name}
-		if g, ok := strings.CutPrefix(name, WorkQueuePrefix); ok {
-			if !validName(g) {
-				return nil, fmt.Errorf("%w: configuration entry %q: work queue group %q: use letters, digits, '-' or '_'", ErrInvalidConfig, name, g)
-			}
-			x = ExchangeFederation{Exchange: IntakeExchangeName(g), UpstreamExchange: DeadLetterExchangeName(g)}
-		} else if !strings.HasPrefix(name, "pubsub") {
-			return nil, fmt.Errorf("%w: configuration entry %q: only pubsub* exchanges and wq.* queues are global", ErrInvalidConfig, name)
-		} else if len(name) > MaxAMQPNameLength {
-			return nil, fmt.Errorf("%w: configuration entry %.32q…: longer than RabbitMQ's %d-byte names", ErrInvalidConfig, name, MaxAMQPNameLength)
-		}
-		for i, u := range ups {
-			if !strings.HasPrefix(u.URI, "amqp://") && !strings.HasPrefix(u.URI, "amqps://") {
-				return nil, fmt.Errorf("%w: configuration entry %q: uri %q is not amqp:// or amqps://", ErrInvalidConfig, name, redact(u.URI))
-			}
-			x.Upstreams = append(x.Upstreams, Upstream{Site: strconv.Itoa(i), URI: u.URI})
-		}
-		out = append(out, x)
-		if g, ok := strings.CutPrefix(name, WorkQueuePrefix); ok {
-			// One hop: wq.<g>.to is federated as itself, so with more a
-			// state or message would come back through third sites, late
-			// and duplicated.
-			out = append(out, ExchangeFederation{Exchange: RouteExchangeName(g), Upstreams: x.Upstreams, MaxHops: 1})
-		}
-	}
-	return out, nil
-}
 
 // Standby of the configuration agent: how soon a broker whose site
 // already has an active configuration agent looks again whether it is

@@ -15,22 +15,8 @@ import (
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 )
 
-// UpstreamPrefix starts the name of every federation upstream the bridge
-// manages; ApplyFederation removes those that are no longer wanted and
-// leaves others alone.
-const UpstreamPrefix = "luffymq-"
-
 // DefaultPolicyName names the policy that federates pub/sub exchanges.
 const DefaultPolicyName = "luffymq-pubsub-federation"
-
-// Upstream is a site this site's pub/sub exchanges receive messages from.
-type Upstream struct {
-	// Site names the upstream site; the upstream is called
-	// UpstreamPrefix+Site.
-	Site string
-	// URI is the upstream node's AMQP URI as reachable from this site.
-	URI string
-}
 
 // FederationConfig is the federation set-up of one site's RabbitMQ node.
 type FederationConfig struct {
@@ -130,26 +116,6 @@ func (c FederationConfig) withDefaults() (FederationConfig, error) {
 		}
 	}
 	return c, nil
-}
-
-// ExchangeUpstreamPrefix starts the names of the upstreams, upstream sets
-// and policies that federate single exchanges (FederationConfig.Exchanges):
-// "luffymq-x:<exchange>[:<upstream>]".
-const ExchangeUpstreamPrefix = UpstreamPrefix + "x:"
-
-// ExchangeFederation federates one exchange from its own set of upstreams,
-// as a configuration message (algorithms.md §2.6) asks.
-type ExchangeFederation struct {
-	// Exchange is the local (downstream) exchange.
-	Exchange string
-	// UpstreamExchange is the exchange read at the upstreams (Exchange).
-	UpstreamExchange string
-	// Upstreams are the nodes Exchange receives from; Upstream.Site only
-	// names the upstream ("luffymq-x:<exchange>:<site>").
-	Upstreams []Upstream
-	// MaxHops overrides FederationConfig.MaxHops for these links (0: the
-	// config's).
-	MaxHops int
 }
 
 // ApplyFederation makes the node's federation match cfg through the

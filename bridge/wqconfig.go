@@ -14,8 +14,6 @@ import (
 
 // Names of the RabbitMQ entities of a work queue (see the package doc).
 const (
-	// WorkQueuePrefix starts the name of every work queue.
-	WorkQueuePrefix = "wq."
 	// WorkQueuePolicyPrefix starts the name of the TTL / max-length policy
 	// of each work queue; the rest is the queue's name.
 	WorkQueuePolicyPrefix = "luffymq-wq:"
@@ -27,24 +25,6 @@ const (
 	// routing key is the queue's name.
 	HeaderTopic = "x-mqtt-topic"
 )
-
-// WorkQueueName returns the durable queue of shared group g: "wq.<g>".
-func WorkQueueName(g string) string { return WorkQueuePrefix + g }
-
-// DeadLetterExchangeName returns the consistent-hash exchange into which
-// wq.<g> dead-letters what it cannot keep: "wq.<g>.dlx".
-func DeadLetterExchangeName(g string) string { return WorkQueuePrefix + g + ".dlx" }
-
-// IntakeExchangeName returns the exchange through which other sites'
-// overflow of group g arrives: "wq.<g>.in", federated from their
-// "wq.<g>.dlx".
-func IntakeExchangeName(g string) string { return WorkQueuePrefix + g + ".in" }
-
-// RouteExchangeName returns the direct exchange through which a site
-// sends a message straight to the site chosen for it, with that site's
-// name as routing key, and publishes its group state (StateRoutingKey):
-// "wq.<g>.to", federated from every other site's own.
-func RouteExchangeName(g string) string { return WorkQueuePrefix + g + ".to" }
 
 // StateRoutingKey is the routing key of the group states each site
 // publishes on RouteExchangeName; every broker of every site binds it.
@@ -67,9 +47,6 @@ const (
 // site accepted (its own or other sites'): "luffymq.wqin.<g>". It has no
 // TTL, so a message is dead-lettered at most once.
 func IntakeQueueName(g string) string { return "luffymq.wqin." + g }
-
-// ConfigQueueName returns the site's configuration queue.
-func ConfigQueueName(site string) string { return "luffymq.config." + site }
 
 // LoadSource gives the local shared groups' load (scoring.Engine).
 type LoadSource interface {

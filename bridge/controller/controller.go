@@ -14,8 +14,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/bridge/placement"
+	"github.com/luffymq/luffymq/bridge/siteconfig"
 )
 
 // Site APIs whose reachability the controller tracks.
@@ -50,7 +50,7 @@ type siteState struct {
 	luffyConnected bool
 	// published is the configuration last published to the site, or found
 	// applied there on first contact; nil while unknown.
-	published   bridge.SiteConfig
+	published   siteconfig.SiteConfig
 	publishedAt time.Time
 	publishes   uint64
 	reach       map[string]*reachability
@@ -154,7 +154,7 @@ type RoundResult struct {
 	// Result is placement's answer.
 	Result placement.Result
 	// Configs are the configurations the plan asks of each site.
-	Configs map[string]bridge.SiteConfig
+	Configs map[string]siteconfig.SiteConfig
 	// Change is non-nil when the plan changed.
 	Change *Change
 }
@@ -274,7 +274,7 @@ func (c *Controller) Round(ctx context.Context) (*RoundResult, error) {
 	res.Configs = desiredConfigs(c.cfg.Sites, in, result.Plan, workQueueHolders(c.cfg.Sites, samples))
 	type job struct {
 		st   *siteState
-		want bridge.SiteConfig
+		want siteconfig.SiteConfig
 		body []byte
 	}
 	var jobs []job
@@ -316,14 +316,14 @@ func (c *Controller) Round(ctx context.Context) (*RoundResult, error) {
 		}
 		c.setReach(j.st, APIAMQP, published[i])
 		if published[i] != nil {
-			errs = append(errs, fmt.Errorf("site %s: publishing configuration to %s: %w", j.st.site.Name, bridge.ConfigQueueName(j.st.site.Name), published[i]))
+			errs = append(errs, fmt.Errorf("site %s: publishing configuration to %s: %w", j.st.site.Name, siteconfig.ConfigQueueName(j.st.site.Name), published[i]))
 			continue
 		}
 		j.st.published, j.st.publishedAt = j.want, time.Now()
 		j.st.publishes++
 		c.metrics.publishes.WithLabelValues(j.st.site.Name).Inc()
 		res.Published = append(res.Published, j.st.site.Name)
-		c.log.Info("controller: configuration published", "site", j.st.site.Name, "queue", bridge.ConfigQueueName(j.st.site.Name), "entities", len(j.want))
+		c.log.Info("controller: configuration published", "site", j.st.site.Name, "queue", siteconfig.ConfigQueueName(j.st.site.Name), "entities", len(j.want))
 	}
 	c.plan = result.Plan
 	c.decisions = map[string]placement.Decision{}
@@ -514,7 +514,7 @@ func publishConfig(ctx context.Context, s Site, body []byte, timeout time.Durati
 	if err := ch.Confirm(false); err != nil {
 		return err
 	}
-	q := bridge.ConfigQueueName(s.Name)
+	q := siteconfig.ConfigQueueName(s.Name)
 	// Declared as the site agent declares it, so either may come first.
 	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declaring %s: %w", q, err)

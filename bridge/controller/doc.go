@@ -33,7 +33,7 @@
 //     (--algorithm thesis), and describe what moved, why, and the cost
 //     before and after (the exchange's term of eq. 2.1 at both sites and
 //     the plan's total).
-//  5. Translate the plan into each site's configuration (bridge.SiteConfig,
+//  5. Translate the plan into each site's configuration (siteconfig.SiteConfig,
 //     the §2.6 JSON the site agent reads): the synchronisation site
 //     federates the exchange from every other instance and each other
 //     instance from the synchronisation site (2·(N_i−1) links); every

@@ -3,8 +3,8 @@ package controller
 import (
 	"sort"
 
-	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/bridge/placement"
+	"github.com/luffymq/luffymq/bridge/siteconfig"
 )
 
 // InstanceRates is what one site's instance of a pubsub* exchange carried
@@ -193,10 +193,10 @@ func recoverPrevious(in placement.Input, samples map[string]*siteSample, known m
 // of them (each site's intake from the others' dead-letter exchanges, as
 // the thesis's consistent-hash overflow needs). Upstream URIs follow the
 // order of the sites file.
-func desiredConfigs(sites *Sites, in placement.Input, plan placement.Plan, workQueues map[string][]string) map[string]bridge.SiteConfig {
-	out := map[string]bridge.SiteConfig{}
+func desiredConfigs(sites *Sites, in placement.Input, plan placement.Plan, workQueues map[string][]string) map[string]siteconfig.SiteConfig {
+	out := map[string]siteconfig.SiteConfig{}
 	for _, s := range sites.Sites {
-		out[s.Name] = bridge.SiteConfig{}
+		out[s.Name] = siteconfig.SiteConfig{}
 	}
 	order := map[string]int{}
 	for i, s := range sites.Sites {

@@ -13,7 +13,7 @@ import (
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 
-	"github.com/luffymq/luffymq/bridge"
+	"github.com/luffymq/luffymq/bridge/siteconfig"
 	"github.com/luffymq/luffymq/broker/api"
 )
 
@@ -59,8 +59,8 @@ type siteSample struct {
 	meanMessageSize float64
 	// observed is the federation the site agent applied, as a
 	// configuration: entity -> upstream URIs, from the node's federation
-	// links of the per-exchange family (bridge.ExchangeUpstreamPrefix).
-	observed bridge.SiteConfig
+	// links of the per-exchange family (siteconfig.ExchangeUpstreamPrefix).
+	observed siteconfig.SiteConfig
 	// links counts, per pubsub* exchange, the node's federation links of
 	// that family.
 	links map[string]int
@@ -120,8 +120,8 @@ func (r *managementReader) read(ctx context.Context) (*siteSample, error) {
 			e.backlogBytes += q.MessagesBytes
 			continue
 		}
-		if g, ok := strings.CutPrefix(q.Name, bridge.WorkQueuePrefix); ok && bridge.WorkQueueName(g) == q.Name &&
-			(bridge.SiteConfig{q.Name: nil}).Validate() == nil {
+		if g, ok := strings.CutPrefix(q.Name, siteconfig.WorkQueuePrefix); ok && siteconfig.WorkQueueName(g) == q.Name &&
+			(siteconfig.SiteConfig{q.Name: nil}).Validate() == nil {
 			s.workQueues = append(s.workQueues, q.Name)
 		}
 	}
@@ -143,7 +143,7 @@ func (r *managementReader) read(ctx context.Context) (*siteSample, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing federation links (is rabbitmq_federation_management enabled?): %w", err)
 	}
-	s.observed = bridge.SiteConfig{}
+	s.observed = siteconfig.SiteConfig{}
 	for _, l := range links {
 		link := parseLink(l)
 		if link.Type != "" && link.Type != "exchange" {
@@ -152,10 +152,10 @@ func (r *managementReader) read(ctx context.Context) (*siteSample, error) {
 		if e := s.exchanges[link.Exchange]; e != nil {
 			e.overlayIn.add(link.published)
 		}
-		if !strings.HasPrefix(link.Upstream, bridge.ExchangeUpstreamPrefix) {
+		if !strings.HasPrefix(link.Upstream, siteconfig.ExchangeUpstreamPrefix) {
 			continue
 		}
-		entity, ok := bridge.SiteConfigEntity(link.Exchange)
+		entity, ok := siteconfig.SiteConfigEntity(link.Exchange)
 		if !ok {
 			continue
 		}

@@ -18,25 +18,34 @@ func goListDeps(t *testing.T, pkg string) []string {
 }
 
 // TestControllerLinksNoBroker: luffy-controller decodes the HTTP API with
-// package broker/api, not with the broker, so it links none of the
-// broker's packages, and any Mochi package it links comes through package
-// bridge (the configuration message format), none through the broker.
+// package broker/api and builds configuration messages with
+// bridge/siteconfig, so it links none of the broker's or the bridge's
+// packages, and no Mochi MQTT package at all.
 func TestControllerLinksNoBroker(t *testing.T) {
 	deps := goListDeps(t, ".")
 	require.True(t, slices.Contains(deps, "github.com/luffymq/luffymq/broker/api"), "luffy-controller does not link broker/api")
+	require.True(t, slices.Contains(deps, "github.com/luffymq/luffymq/bridge/siteconfig"), "luffy-controller does not link bridge/siteconfig")
 	for _, p := range []string{
 		"github.com/luffymq/luffymq/broker",
 		"github.com/luffymq/luffymq/broker/pingreq",
 		"github.com/luffymq/luffymq/broker/dashboard",
 		"github.com/luffymq/luffymq/hooks",
+		"github.com/luffymq/luffymq/bridge",
 	} {
 		require.False(t, slices.Contains(deps, p), "luffy-controller links %s", p)
 	}
-	viaBridge := goListDeps(t, "github.com/luffymq/luffymq/bridge")
 	for _, p := range deps {
-		if strings.HasPrefix(p, "github.com/mochi-mqtt/") {
-			require.True(t, slices.Contains(viaBridge, p), "luffy-controller links %s, and not through package bridge", p)
-		}
+		require.False(t, strings.HasPrefix(p, "github.com/mochi-mqtt/"), "luffy-controller links %s", p)
+	}
+}
+
+// TestSiteConfigLinksOnlyTheStandardLibrary: bridge/siteconfig is what the
+// controller shares with the bridge; it must stay free of the broker.
+func TestSiteConfigLinksOnlyTheStandardLibrary(t *testing.T) {
+	const pkg = "github.com/luffymq/luffymq/bridge/siteconfig"
+	for _, p := range goListDeps(t, pkg) {
+		first, _, _ := strings.Cut(p, "/")
+		require.True(t, p == pkg || !strings.Contains(first, "."), "bridge/siteconfig links %s, which is not the standard library", p)
 	}
 }
 
