@@ -77,6 +77,10 @@ type decision struct {
 	site string
 	// overflow sends it to the dead-letter exchange at once.
 	overflow bool
+	// local is the local members' predicted wait (ok: predictable), and
+	// start the chosen site's predicted start, for tracing.
+	local, start time.Duration
+	ok           bool
 }
 
 // decide says where a publish arriving now goes. With router (the other
@@ -100,15 +104,15 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 			if c := router.Route(now, wait, v.ttl); c.Fresh {
 				if c.Site != "" {
 					v.overflowed++
-					return decision{site: c.Site}
+					return decision{site: c.Site, local: wait, start: c.Start, ok: true}
 				}
 				v.readyWork++
-				return decision{}
+				return decision{local: wait, start: wait, ok: true}
 			}
 		}
 		if ok && wait > v.ttl {
 			v.overflowed++
-			return decision{overflow: true}
+			return decision{overflow: true, local: wait, ok: true}
 		}
 	}
 	v.readyWork++
