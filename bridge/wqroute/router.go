@@ -260,6 +260,16 @@ func (r *Router) Views(now time.Time, dst []SiteView) []SiteView {
 	return dst
 }
 
+// Unbook takes back one message Route sent to site that was not sent
+// after all.
+func (r *Router) Unbook(site string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.find(site); s != nil && s.sent > 0 {
+		s.sent--
+	}
+}
+
 // FreshSites counts the sites whose state is fresh at now and
 // predictable: the candidates of Route.
 func (r *Router) FreshSites(now time.Time) int {
