@@ -130,6 +130,13 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	return decision{}
 }
 
+// predictable reports whether members' starts can be predicted: some
+// are online, and every online one has a service time.
+func predictable(members []scoring.MemberSnapshot) bool {
+	_, ok := wqroute.PredictStart(members, 0, 0, 0)
+	return ok
+}
+
 // dispatch says where the last message ready in wq.<g> should go now,
 // the other sites' states having changed: to the site router chooses for
 // it (booked there), or nowhere (""), when the local members would start

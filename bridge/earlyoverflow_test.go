@@ -164,3 +164,19 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 		t.Fatalf("state = %+v, want the member's wait 50ms", got)
 	}
 }
+
+// wq.<g>'s TTL is lengthened to heldTTL only for members that can be
+// predicted: a member that acknowledges on receipt has no service time,
+// and its site keeps the thesis's TTL.
+func TestPredictable(t *testing.T) {
+	ms := time.Millisecond
+	if !predictable([]scoring.MemberSnapshot{member(0, 100*ms), member(50*ms, 80*ms)}) {
+		t.Fatal("members with service times: not predictable")
+	}
+	if predictable([]scoring.MemberSnapshot{member(0, 100*ms), member(0, 0)}) {
+		t.Fatal("a member without a service time: predictable")
+	}
+	if predictable(nil) {
+		t.Fatal("no member: predictable")
+	}
+}

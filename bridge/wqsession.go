@@ -408,8 +408,11 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 		w = 1
 	}
 	ttl := c.TTL
-	if g.router != nil {
-		ttl = max(ttl, heldTTL) // see heldTTL
+	if g.router != nil && predictable(b.membersOf(g)) {
+		// See heldTTL. Members that cannot be predicted (no service
+		// time) keep the thesis's rule: their publishes stay, and the TTL
+		// sends them on.
+		ttl = max(ttl, heldTTL)
 	}
 	if st.maxLength != c.MaxLength || st.ttl != ttl {
 		if err := b.putWorkPolicy(g.name, c.MaxLength, ttl); err != nil {
