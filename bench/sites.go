@@ -68,6 +68,9 @@ type SitesConfig struct {
 	// builds ./cmd/luffy-controller).
 	Controller string `json:"-"`
 	controller string // the binary in use
+	// Trace writes, for each work-queue run, trace-<run>.csv in Out: one
+	// line per message started (writeWQTrace).
+	Trace bool `json:"-"`
 	// Out receives sites.json, summary.md, the plots and logs/.
 	Out      string    `json:"-"`
 	Progress io.Writer `json:"-"`
@@ -569,6 +572,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	wqMaxLength := fs.Int("wq-max-length-per-member", 0, fmt.Sprintf("luffymq's %s (0: its default, %d)", flagWQMaxLength, bridge.DefaultMaxLengthPerMember))
 	wqUnacked := fs.Int("wq-unacked-per-member", 0, fmt.Sprintf("luffymq's %s (0: its default, %d)", flagWQUnacked, bridge.DefaultUnackedPerMember))
 	wqRetune := fs.Duration("wq-retune-interval", 0, "luffymq's "+flagWQRetune+" (0: its default, "+bridge.DefaultRetuneInterval.String()+", not scaled)")
+	trace := fs.Bool("trace", false, "write trace-<scenario>-<architecture>.csv per work-queue run in --out: each message's origin, publish time, the site that started it and when (LUFFY_BENCH_SITES_LOG_LEVEL=debug adds luffymq's route choices, with the router's inputs, to logs/)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -580,7 +584,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("--seed %q: %w", *seed, err)
 	}
 	cfg := d
-	cfg.Out, cfg.LuffyMQ, cfg.Controller, cfg.Progress = *out, *luffymq, *controller, stdout
+	cfg.Out, cfg.LuffyMQ, cfg.Controller, cfg.Progress, cfg.Trace = *out, *luffymq, *controller, stdout, *trace
 	cfg.Sites, cfg.Scenarios, cfg.Architectures = splitList(*sites), splitList(*scenarios), splitList(*archs)
 	cfg.ServiceTime, cfg.ProducerRate, cfg.ConsumersPerSite = *service, *rate, *consumers
 	cfg.WQDuration, cfg.PSDuration, cfg.PhaseDuration, cfg.ReconfigPeriod = *wqDur, *psDur, *phase, *period

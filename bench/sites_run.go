@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -520,6 +521,11 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 		}, ledger, rec, func(owed map[uint64]sitesExpectation) int { return len(owed) }, nil)
 	r.fill(run, m, dl.receiverSite, cloud)
 	run.Oracle = r.wqOracleLatency(w, m)
+	if r.cfg.Trace {
+		if err := writeWQTrace(filepath.Join(r.cfg.Out, "trace-"+logName(run)+".csv"), w.Sites, m, dl.receiverSite); err != nil {
+			return err
+		}
+	}
 	return ctx.Err()
 }
 

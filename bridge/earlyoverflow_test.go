@@ -109,7 +109,7 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 	var v overflowView
 	// One local member busy for 80 ms more, TTL 200 ms.
 	v.setMembers([]scoring.MemberSnapshot{member(80*ms, 100*ms)}, 200*ms, now)
-	r := wqroute.NewRouter(wqroute.Config{StaleAfter: time.Second})
+	r := wqroute.NewRouter(wqroute.Config{Site: "here", StaleAfter: time.Second})
 	if d := v.decide(now, r); d.site != "" || d.overflow {
 		t.Fatalf("no state yet: %+v, want local", d)
 	}
@@ -131,13 +131,52 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 	if n := v.takeOverflowed(); n != 2 {
 		t.Fatalf("takeOverflowed = %d, want 2 (the routed publishes)", n)
 	}
-	// The next would wait 260 ms here, past the TTL, and leave through
-	// the hash ring: it goes to near, slower (320 ms) but chosen.
-	if d := v.decide(now.Add(20*ms), r); d.site != "near" {
-		t.Fatalf("past the TTL: %+v, want near", d)
+	// The next would wait 260 ms here, past the TTL; near starts it at
+	// 220 ms: near.
+	if d := v.decide(now.Add(20*ms), r); d.site != "near" || d.local != 260*ms || d.start != 220*ms {
+		t.Fatalf("past the TTL, sooner at near: %+v, want near", d)
+	}
+	// The next would wait 260 ms here too, and 320 ms at near: it stays
+	// here (wq.<g>'s TTL is heldTTL when routing by state), where the old
+	// rule sent everything past the TTL to the best other site.
+	if d := v.decide(now.Add(20*ms), r); d.site != "" || d.overflow || d.local != 260*ms {
+		t.Fatalf("past the TTL, sooner here: %+v, want held here", d)
+	}
+	// near's next state, sent 20 ms later: it took all three and is idle. The
+	// last message held here would start in 220 ms: dispatch sends it
+	// there (20 ms); the one before it (120 ms here, 120 ms there) stays.
+	st.Sent, st.Taken = now.Add(40*ms).UnixNano(), map[string]uint64{"here": 3}
+	r.Observe(st, now.Add(60*ms))
+	if site := v.dispatch(now.Add(60*ms), r); site != "near" {
+		t.Fatalf("dispatch to an idle site: %q, want near", site)
+	}
+	if site := v.dispatch(now.Add(60*ms), r); site != "" {
+		t.Fatalf("dispatch on a tie: %q, want none", site)
+	}
+	// Nothing ready here: nothing to dispatch, whatever near's state.
+	r.Unbook("near")
+	v.undispatch()
+	if site := v.dispatch(now.Add(60*ms), r); site != "" {
+		t.Fatalf("dispatch from an empty queue: %q, want none", site)
 	}
 	// State is published with the waits as of now.
 	if got, _ := v.state("here", "b1", "boot", now.Add(30*ms), nil); got.Members[0].Wait != 50*ms || got.Site != "here" {
 		t.Fatalf("state = %+v, want the member's wait 50ms", got)
+	}
+}
+
+// wq.<g>'s TTL is lengthened to heldTTL only for members that can be
+// predicted: a member that acknowledges on receipt has no service time,
+// and its site keeps the thesis's TTL.
+func TestPredictable(t *testing.T) {
+	ms := time.Millisecond
+	if !predictable([]scoring.MemberSnapshot{member(0, 100*ms), member(50*ms, 80*ms)}) {
+		t.Fatal("members with service times: not predictable")
+	}
+	if predictable([]scoring.MemberSnapshot{member(0, 100*ms), member(0, 0)}) {
+		t.Fatal("a member without a service time: predictable")
+	}
+	if predictable(nil) {
+		t.Fatal("no member: predictable")
 	}
 }

@@ -1,6 +1,9 @@
 package bridge
 
 import (
+	"context"
+	"encoding/hex"
+	"log/slog"
 	"maps"
 	"strconv"
 	"sync"
@@ -181,7 +184,12 @@ func (b *Bridge) exportWork(pk packets.Packet) {
 		p := *pub
 		m := &outMsg{exchange: "", key: g.queue(), pub: p, label: g.queue(), wakesWork: true}
 		if !b.cfg.WorkQueue.TTLOverflowOnly {
-			switch d := g.view.decide(time.Now(), g.router); {
+			now := time.Now()
+			d := g.view.decide(now, g.router)
+			if g.router != nil && b.log.Enabled(context.Background(), slog.LevelDebug) {
+				b.traceRoute(g, now, d, pk.Payload)
+			}
+			switch {
 			case d.site != "":
 				m.exchange, m.key, m.wakesWork = RouteExchangeName(g.name), d.site, false
 				m.pub.Headers = maps.Clone(m.pub.Headers)
@@ -542,3 +550,23 @@ func (h *wakeHook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 // OnDisconnect wakes the consume loops: the member's requeued messages and
 // the group's changed membership are for the others now.
 func (h *wakeHook) OnDisconnect(*mqtt.Client, error, bool) { h.b.wake() }
+
+// traceRoute logs, at debug level, where a local publish went and what the
+// router knew of each other site when it chose: the trace that explains a
+// routing decision afterwards. head is the payload's first 16 bytes in hex,
+// for matching the line with the publisher's own record of the message.
+func (b *Bridge) traceRoute(g *workGroup, now time.Time, d decision, payload []byte) {
+	to := b.cfg.Site
+	switch {
+	case d.site != "":
+		to = d.site
+	case d.overflow:
+		to = "ring"
+	}
+	attrs := []any{"group", g.name, "at", now.UnixNano(), "to", to, "local", d.local, "start", d.start, "predictable", d.ok, "head", hex.EncodeToString(payload[:min(len(payload), 16)])}
+	for _, v := range g.router.Views(now, nil) {
+		attrs = append(attrs, slog.Group(v.Site, "age", v.Age, "delay", v.Delay, "intake", v.Intake, "outstanding", v.Outstanding,
+			"members", v.Members, "idle", v.Idle, "start", v.Start, "ok", v.OK))
+	}
+	b.log.Debug("bridge: work-queue route", attrs...)
+}

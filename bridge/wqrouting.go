@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -110,6 +111,14 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 	if err != nil {
 		return fmt.Errorf("consuming work-queue states of %s: %w", g.queue(), err)
 	}
+	dch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening work-queue dispatch channel for %s: %w", g.queue(), err)
+	}
+	defer dch.Close()
+	if err := dch.Confirm(false); err != nil {
+		return fmt.Errorf("confirming work-queue dispatches of %s: %w", g.queue(), err)
+	}
 	interval := b.cfg.WorkQueue.StateInterval
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -130,6 +139,9 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			}
 			if st.Site != b.cfg.Site {
 				g.router.Observe(st, time.Now())
+				if err := b.dispatchHeld(ctx, dch, g); err != nil {
+					return err
+				}
 			}
 		case now := <-tick.C:
 			// The ready counts the consume loop saw at its last
@@ -159,4 +171,55 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			last, lastSent = c, now
 		}
 	}
+}
+
+// maxDispatch bounds the messages one state sends from wq.<g>: the
+// router books each, so its predictions rise and it stops well before.
+const maxDispatch = 64
+
+// dispatchHeld sends the messages held in wq.<g> (heldTTL) that another
+// site would now start sooner than the local members: taken from wq.<g>
+// one at a time, published to that site's intake on the route exchange,
+// acknowledged once RabbitMQ confirmed the publish. An idle site's state
+// thus pulls as many as it has members free, as queue federation's idle
+// consumers do, without the round trip of a pull.
+func (b *Bridge) dispatchHeld(ctx context.Context, ch *amqp.Channel, g *workGroup) error {
+	for range maxDispatch {
+		site := g.view.dispatch(time.Now(), g.router)
+		if site == "" {
+			return nil
+		}
+		d, ok, err := ch.Get(g.queue(), false)
+		if err != nil {
+			g.router.Unbook(site)
+			return fmt.Errorf("taking from work queue %s: %w", g.queue(), err)
+		}
+		if !ok {
+			g.router.Unbook(site)
+			g.view.undispatch()
+			return nil
+		}
+		headers := maps.Clone(d.Headers)
+		if headers == nil {
+			headers = amqp.Table{}
+		}
+		headers[headerRouted] = true
+		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, RouteExchangeName(g.name), site, false, false, amqp.Publishing{
+			Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
+			Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
+			Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
+		})
+		if err == nil && !conf.Wait() {
+			err = fmt.Errorf("RabbitMQ refused the publish")
+		}
+		if err != nil {
+			g.router.Unbook(site)
+			return fmt.Errorf("dispatching a held message of %s to %s: %w", g.queue(), site, err)
+		}
+		if err := d.Ack(false); err != nil {
+			return fmt.Errorf("acknowledging a dispatched message of %s: %w", g.queue(), err)
+		}
+		b.stats.wqRoutedTo(g.name, site)
+	}
+	return nil
 }

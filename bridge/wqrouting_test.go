@@ -219,6 +219,22 @@ func TestWorkQueueRouting(t *testing.T) {
 		require.Greater(t, r.spilledTo["montreal"], 20, "too little went to montreal")
 		require.Less(t, 10*r.spilledTo["berlin"], r.spilledTo["montreal"], "the busy near site got more than a tenth of the idle far one's")
 	})
+	t.Run("a message waits at home past the TTL when the others are slower", func(t *testing.T) {
+		// The thesis's 1x scale in miniature: service long against the
+		// delays. Tunis publishes 40 messages at once; its member takes
+		// 100 ms a message, Berlin's and Montréal's 1 s. Tunis's member
+		// starts the k-th in about k × 100 ms, past eq. 2.12's TTL from
+		// the sixth or so, yet sooner than the others but for about one
+		// message a second each: about 8 should leave. Sending each one
+		// past the TTL to the best other site (the old rule) sent 30 or
+		// more there, to wait seconds behind each other.
+		r := runRouting(t, h, routeSetup{group: "rhold", route: bridge.RouteNearest, messages: 40, rate: 100,
+			workers: map[string][]time.Duration{"tunis": {100 * ms}, "berlin": {time.Second}, "montreal": {time.Second}}})
+		checkExactlyOnce(t, r)
+		away := r.spilledTo["berlin"] + r.spilledTo["montreal"]
+		require.Positive(t, away, "no message went to the idle sites")
+		require.LessOrEqual(t, away, 14, "%d of tunis's 40 messages left for sites whose members take 1 s", away)
+	})
 	t.Run("a cut link sends new messages elsewhere and loses nothing", func(t *testing.T) {
 		// As in the first case, but both links between Tunis and Berlin
 		// are cut 1 s into publishing, with messages on their way to

@@ -404,11 +404,18 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 		// each move stalls the links into this site.
 		w = 1
 	}
-	if st.maxLength != c.MaxLength || st.ttl != c.TTL {
-		if err := b.putWorkPolicy(g.name, c.MaxLength, c.TTL); err != nil {
+	ttl := c.TTL
+	if g.router != nil && predictable(b.membersOf(g)) {
+		// See heldTTL. Members that cannot be predicted (no service
+		// time) keep the thesis's rule: their publishes stay, and the TTL
+		// sends them on.
+		ttl = max(ttl, heldTTL)
+	}
+	if st.maxLength != c.MaxLength || st.ttl != ttl {
+		if err := b.putWorkPolicy(g.name, c.MaxLength, ttl); err != nil {
 			return err
 		}
-		st.maxLength, st.ttl = c.MaxLength, c.TTL
+		st.maxLength, st.ttl = c.MaxLength, ttl
 	}
 	if st.weight != w {
 		// Weights change at most every retune; looking for bindings this

@@ -218,6 +218,58 @@ func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
 	return Choice{Site: best.name, Start: bestStart, Fresh: true}
 }
 
+// SiteView is what a Router knows of one other site at a moment: the
+// inputs of its choice, for tracing it.
+type SiteView struct {
+	Site string
+	// Age is how long ago its last state arrived; a state older than
+	// Config.StaleAfter is ignored.
+	Age time.Duration
+	// Delay is the one-way delay estimate.
+	Delay time.Duration
+	// Intake is the other sites' messages its last state counted in its
+	// intake; Outstanding, the messages routed to it that its last state
+	// did not count as taken. A message sent now waits behind the more.
+	Intake, Outstanding int
+	// Members and Idle count its online members and those idle (no
+	// predicted wait) in its last state.
+	Members, Idle int
+	// Start is the predicted time from now until a member starts a
+	// message sent now, delay included; ok is false when its state is
+	// stale or unpredictable.
+	Start time.Duration
+	OK    bool
+}
+
+// Views appends to dst what the Router knows of each other site at now.
+func (r *Router) Views(now time.Time, dst []SiteView) []SiteView {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.sites {
+		v := SiteView{Site: s.name, Age: now.Sub(s.arrived), Delay: s.delay, Intake: s.intake, Outstanding: s.outstanding(), Members: len(s.members)}
+		for _, m := range s.members {
+			if m.PredictedWait == 0 {
+				v.Idle++
+			}
+		}
+		if v.Age <= r.cfg.StaleAfter {
+			v.Start, v.OK = s.start(now, maxPrediction)
+		}
+		dst = append(dst, v)
+	}
+	return dst
+}
+
+// Unbook takes back one message Route sent to site that was not sent
+// after all.
+func (r *Router) Unbook(site string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.find(site); s != nil && s.sent > 0 {
+		s.sent--
+	}
+}
+
 // FreshSites counts the sites whose state is fresh at now and
 // predictable: the candidates of Route.
 func (r *Router) FreshSites(now time.Time) int {

@@ -175,3 +175,31 @@ func BenchmarkRoute(b *testing.B) {
 		r.Route(now, 150*ms, time.Hour)
 	}
 }
+
+// Views shows what Route reads: a fresh site with its delay, bookings and
+// predicted start, and a stale one as not a candidate.
+func TestViewsShowRouterInputs(t *testing.T) {
+	r := NewRouter(Config{StaleAfter: time.Second})
+	r.Observe(stateAt("near", t0, 1, 0, 50*ms), t0.Add(20*ms))
+	r.Observe(stateAt("old", t0.Add(-2*time.Second), 0, 0), t0.Add(-2*time.Second+10*ms))
+	if c := r.Route(t0.Add(20*ms), time.Second, time.Hour); c.Site != "near" {
+		t.Fatalf("Route = %+v, want near", c)
+	}
+	vs := r.Views(t0.Add(20*ms), nil)
+	if len(vs) != 2 {
+		t.Fatalf("Views = %+v, want 2 sites", vs)
+	}
+	near, old := vs[0], vs[1]
+	// One idle member and one busy for 50 ms when the state was taken; a
+	// message sent now gets there 40 ms after that, behind one (the
+	// intake's and the booked one are counted once, the more of the two),
+	// which the idle member takes: the other starts it at 10 ms, plus
+	// the 20 ms delay.
+	want := SiteView{Site: "near", Age: 0, Delay: 20 * ms, Intake: 1, Outstanding: 1, Members: 2, Idle: 1, Start: 30 * ms, OK: true}
+	if near != want {
+		t.Fatalf("near = %+v, want %+v", near, want)
+	}
+	if old.OK || old.Age != 2*time.Second+10*ms {
+		t.Fatalf("stale site = %+v, want not a candidate, 2.01s old", old)
+	}
+}
