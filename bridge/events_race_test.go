@@ -86,19 +86,49 @@ func TestEventAgentsRaceAtOneSite(t *testing.T) {
 	require.NoError(t, err)
 
 	// The agents declare their event queues after connecting: wait until a
-	// probe queue's creation reaches both.
+	// probe queue's creation reaches both. An agent whose event queue was
+	// bound only after the probe appeared never hears of it, so the probe
+	// is shown again (deleted and declared) every 2 s until both did.
 	base := map[string]agentCounters{}
-	_, err = ch.QueueDeclare(bridge.WorkQueueName("evrace-probe"), true, false, false, false, nil)
+	probe := bridge.WorkQueueName("evrace-probe")
+	_, err = ch.QueueDeclare(probe, true, false, false, false, nil)
 	require.NoError(t, err)
+	shown := time.Now()
 	require.Eventually(t, func() bool {
-		for id, b := range brokers {
+		for _, b := range brokers {
 			if readAgentCounters(t, b.Bridge()).events < 1 {
+				if time.Since(shown) > 2*time.Second {
+					_, _ = ch.QueueDelete(probe, false, false, false)
+					_, _ = ch.QueueDeclare(probe, true, false, false, false, nil)
+					shown = time.Now()
+				}
 				return false
 			}
-			base[id] = readAgentCounters(t, b.Bridge())
 		}
 		return true
-	}, 30*time.Second, 20*time.Millisecond, "the event agents never handled the probe queue")
+	}, 30*time.Second, 20*time.Millisecond, "the event agents never handled the probe queue: %v", stringer(func() string {
+		out := ""
+		for id, b := range brokers {
+			c := readAgentCounters(t, b.Bridge())
+			out += fmt.Sprintf("%s handled %v, stopped %v times, reconnected %v times; ", id, c.events, c.failures, c.reconnects)
+		}
+		return out
+	}))
+	// The probe may have been shown more than once: take the counts once
+	// they are still for 500 ms, so that no event of it counts later.
+	var stillSince time.Time
+	require.Eventually(t, func() bool {
+		changed := false
+		for id, b := range brokers {
+			c := readAgentCounters(t, b.Bridge())
+			changed = changed || c != base[id]
+			base[id] = c
+		}
+		if changed || stillSince.IsZero() {
+			stillSince = time.Now()
+		}
+		return time.Since(stillSince) >= 500*time.Millisecond
+	}, 30*time.Second, 50*time.Millisecond, "the event agents' counts did not settle")
 
 	topology := func(g string) (present []string) {
 		for _, x := range []string{bridge.DeadLetterExchangeName(g), bridge.IntakeExchangeName(g), bridge.WorkQueueName(g) + ".ring0", bridge.WorkQueueName(g) + ".ring1"} {
@@ -135,7 +165,7 @@ func TestEventAgentsRaceAtOneSite(t *testing.T) {
 	}
 
 	// The probe goes first: both agents remove the same topology.
-	_, err = ch.QueueDelete(bridge.WorkQueueName("evrace-probe"), false, false, false)
+	_, err = ch.QueueDelete(probe, false, false, false)
 	require.NoError(t, err)
 	want := 1.0
 	handled(want, "probe deleted")
