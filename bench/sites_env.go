@@ -17,6 +17,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
+	"github.com/luffymq/luffymq/internal/timeutil"
 )
 
 // sitesEnv is the machinery of one luffy-bench sites invocation: one real
@@ -187,7 +188,7 @@ func (e *sitesEnv) reset(ctx context.Context) error {
 		}
 		var last error
 		for attempt := 0; attempt < 5; attempt++ {
-			if attempt > 0 && !sleepCtx(ctx, time.Second) {
+			if attempt > 0 && !timeutil.Sleep(ctx, time.Second) {
 				return ctx.Err()
 			}
 			items, err := st.list(rh)
@@ -358,7 +359,7 @@ func (e *sitesEnv) waitLinks(ctx context.Context, want int, timeout time.Duratio
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%d of %d federation links running (%d wanted) after %s (last error: %v)", running, total, want, timeout, err)
 		}
-		if !sleepCtx(ctx, 250*time.Millisecond) {
+		if !timeutil.Sleep(ctx, 250*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -428,7 +429,7 @@ const statsLag = 1500 * time.Millisecond
 func (s *overlaySampler) Stop(ctx context.Context) map[string]int64 {
 	close(s.stop)
 	<-s.done
-	sleepCtx(ctx, statsLag)
+	timeutil.Sleep(ctx, statsLag)
 	s.sample(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -553,16 +554,4 @@ func brokerLogLevel() string {
 		return l
 	}
 	return "warn"
-}
-
-// sleepCtx sleeps d unless ctx ends first; it reports whether it slept.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/bridge/placement"
+	"github.com/luffymq/luffymq/internal/timeutil"
 )
 
 // sitesRunner runs set C on one sitesEnv.
@@ -190,7 +191,7 @@ func (r *sitesRunner) publishAll(ctx context.Context, quiet time.Duration, n int
 	}
 	for i := range n {
 		due := m.start.Add(at(i))
-		if d := time.Until(due); d > 0 && !sleepCtx(ctx, d) {
+		if d := time.Until(due); d > 0 && !timeutil.Sleep(ctx, d) {
 			break
 		}
 		m.maxLag = max(m.maxLag, time.Since(due))
@@ -216,7 +217,7 @@ func (r *sitesRunner) publishAll(ctx context.Context, quiet time.Duration, n int
 	for ctx.Err() == nil {
 		got, last := rec.progress()
 		if got >= want {
-			sleepCtx(ctx, 500*time.Millisecond) // late duplicates
+			timeutil.Sleep(ctx, 500*time.Millisecond) // late duplicates
 			break
 		}
 		if time.Since(last) > quiet && time.Since(m.start.Add(at(max(n-1, 0)))) > quiet {
@@ -226,7 +227,7 @@ func (r *sitesRunner) publishAll(ctx context.Context, quiet time.Duration, n int
 			m.drainNote = joinErr(m.drainNote, fmt.Sprintf("drain timed out after %s", r.cfg.DrainTimeout))
 			break
 		}
-		sleepCtx(ctx, 50*time.Millisecond)
+		timeutil.Sleep(ctx, 50*time.Millisecond)
 	}
 	m.receipts = rec.snapshot()
 	m.overlayN = sampler.Stop(ctx)
@@ -315,7 +316,7 @@ func waitUntil(ctx context.Context, timeout time.Duration, what string, cond fun
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: not ready after %s", what, timeout)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !timeutil.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -354,7 +355,7 @@ func probe(ctx context.Context, pubs []sitesPublisher, done func(i int) bool, ti
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%d of %d publishers still not heard by every receiver after %s of warm-up", waiting, len(pubs), timeout)
 		}
-		if !sleepCtx(ctx, 300*time.Millisecond) {
+		if !timeutil.Sleep(ctx, 300*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -505,7 +506,7 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 	if err := probe(ctx, pubs, rec.anyProbeFrom, 60*time.Second); err != nil {
 		return err
 	}
-	sleepCtx(ctx, settleTime)
+	timeutil.Sleep(ctx, settleTime)
 	links, _, err := r.env.runningLinks(ctx)
 	if err != nil {
 		return err
@@ -712,7 +713,7 @@ func (r *sitesRunner) runPS(ctx context.Context, run *SitesRun, w psWorkload) er
 	}, 60*time.Second); err != nil {
 		return err
 	}
-	sleepCtx(ctx, settleTime)
+	timeutil.Sleep(ctx, settleTime)
 	links, _, err := r.env.runningLinks(ctx)
 	if err != nil {
 		return err

@@ -3,10 +3,8 @@ package bridge
 // Small helpers for AMQP channels, queues and errors.
 
 import (
-	"context"
 	"errors"
 	"net/http"
-	"time"
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -72,16 +70,4 @@ func isNotFound(err error) bool {
 func argString(args map[string]interface{}, k string) string {
 	s, _ := args[k].(string)
 	return s
-}
-
-// sleepCtx waits d; false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

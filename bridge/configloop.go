@@ -11,6 +11,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/luffymq/luffymq/internal/timeutil"
 )
 
 // Standby of the configuration agent: how soon a broker whose site
@@ -56,7 +58,7 @@ func (b *Bridge) configLoop(ctx context.Context, conn *amqp.Connection) error {
 		} else {
 			b.log.Debug("bridge: configuration agent still on standby", "queue", q)
 		}
-		if !sleepCtx(ctx, retry) {
+		if !timeutil.Sleep(ctx, retry) {
 			return nil
 		}
 		retry = min(2*retry, configStandbyMaxRetry)

@@ -114,6 +114,8 @@ import (
 	"time"
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
+
+	"github.com/luffymq/luffymq/internal/timeutil"
 )
 
 // ConserveQueueName is the durable queue on every node in which site
@@ -495,7 +497,7 @@ func (b *Bridge) applyConfiguration(ctx context.Context, fc FederationConfig) er
 		return fmt.Errorf("%w; the old links stay until they do", err)
 	}
 	// 3. What is on its way through the old links arrives.
-	if !sleepCtx(ctx, fc.OldLinkGrace) {
+	if !timeutil.Sleep(ctx, fc.OldLinkGrace) {
 		return ctx.Err()
 	}
 	// 4. The old upstreams take what the old links hold.
@@ -640,7 +642,7 @@ func waitLinksRunning(ctx context.Context, rh *rabbithole.Client, fc FederationC
 			}
 			return fmt.Errorf("federation: new links not running after %v: %s", fc.LinkWait, strings.Join(waiting, ", "))
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !timeutil.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -670,7 +672,7 @@ func waitLinksGone(ctx context.Context, rh *rabbithole.Client, names []string, w
 			}
 			return fmt.Errorf("links %v still running %v after their removal", left, wait)
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !timeutil.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

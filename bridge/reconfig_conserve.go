@@ -16,6 +16,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/luffymq/luffymq/internal/timeutil"
 )
 
 // conserveAgent serves this node's conservation requests until ctx ends.
@@ -24,7 +26,7 @@ func (b *Bridge) conserveAgent(ctx context.Context) {
 		if err := b.serveConservation(ctx); err != nil && ctx.Err() == nil {
 			b.log.Warn("bridge: conservation agent restarting", "error", err)
 		}
-		sleepCtx(ctx, time.Second)
+		timeutil.Sleep(ctx, time.Second)
 	}
 }
 
@@ -103,7 +105,7 @@ func (b *Bridge) serveConservation(ctx context.Context) error {
 					if errors.Is(err, errTakeLater) {
 						pause = timings().RetryPause
 					}
-					sleepCtx(sctx, pause)
+					timeutil.Sleep(sctx, pause)
 					_ = d.Nack(false, true)
 				}
 			}()
@@ -353,7 +355,7 @@ func (b *Bridge) takeCustody(ctx context.Context, conn *amqp.Connection, queue, 
 		if time.Now().After(deadline) {
 			return n, false, nil
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !timeutil.Sleep(ctx, 100*time.Millisecond) {
 			return n, false, ctx.Err()
 		}
 	}
@@ -447,7 +449,7 @@ func (b *Bridge) cleanupHeld(ctx context.Context, conn *amqp.Connection, queue, 
 				return n, err
 			}
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !timeutil.Sleep(ctx, 200*time.Millisecond) {
 			return n, ctx.Err()
 		}
 	}
@@ -481,7 +483,7 @@ func (b *Bridge) discardHeld(ctx context.Context, conn *amqp.Connection, req con
 			if info.Consumers == 0 {
 				n, err := deleteQueue(conn, h.queue, true, false)
 				if isAMQPCode(err, amqp.PreconditionFailed) { // a link came back
-					if !sleepCtx(ctx, 100*time.Millisecond) {
+					if !timeutil.Sleep(ctx, 100*time.Millisecond) {
 						return ctx.Err()
 					}
 					continue
@@ -498,7 +500,7 @@ func (b *Bridge) discardHeld(ctx context.Context, conn *amqp.Connection, req con
 				b.log.Warn("bridge: a link still consumes the queue it was asked to discard; leaving it", "queue", h.queue, "downstream_site", req.Site)
 				break
 			}
-			if !sleepCtx(ctx, 100*time.Millisecond) {
+			if !timeutil.Sleep(ctx, 100*time.Millisecond) {
 				return ctx.Err()
 			}
 		}
@@ -577,7 +579,7 @@ func (b *Bridge) waitCovered(ctx context.Context, req conserveRequest, held []he
 				"downstream_site", req.Site, "uncovered", missing)
 			return false, nil
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !timeutil.Sleep(ctx, 200*time.Millisecond) {
 			return false, ctx.Err()
 		}
 	}

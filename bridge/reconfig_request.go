@@ -11,6 +11,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/luffymq/luffymq/internal/timeutil"
 )
 
 // sendConservation delivers req to the node at uri (with confirms) and,
@@ -48,7 +50,7 @@ func (b *Bridge) sendConservation(ctx context.Context, uri string, req conserveR
 			if time.Now().After(deadline) {
 				return conserveNoAgent, fmt.Errorf("no agent consumes %s", ConserveQueueName)
 			}
-			if !sleepCtx(ctx, 250*time.Millisecond) {
+			if !timeutil.Sleep(ctx, 250*time.Millisecond) {
 				return conserveNoAgent, ctx.Err()
 			}
 			if q, err = ch.QueueDeclarePassive(ConserveQueueName, true, false, false, false, nil); err != nil {
@@ -128,7 +130,7 @@ func (b *Bridge) retryConservation(uri string, req conserveRequest, giveUp time.
 		}()
 		pause := 100 * time.Millisecond
 		for {
-			if !sleepCtx(ctx, pause) {
+			if !timeutil.Sleep(ctx, pause) {
 				b.log.Warn("bridge: gave up asking an upstream to conserve a removed link's queue", "upstream", req.Upstream, "uri", redact(uri))
 				return
 			}

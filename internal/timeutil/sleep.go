@@ -23,3 +23,16 @@ func SleepUntil(ctx context.Context, t time.Time) error {
 		return ctx.Err()
 	}
 }
+
+// Sleep waits d, or until ctx ends; it reports whether it waited the whole
+// d (false when ctx ended first).
+func Sleep(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
