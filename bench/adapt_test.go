@@ -162,3 +162,32 @@ func TestJoinOracleShareOnTheRealTrace(t *testing.T) {
 	require.LessOrEqual(t, r.Adaptation.NewcomerMaxMs, 50.0)
 	require.Equal(t, 0.0, r.Adaptation.RecoveryS, "ρ 0.83 then 0.42: the oracle never exceeds 50 ms")
 }
+
+func TestRollingP99AndRecovery(t *testing.T) {
+	var ds []Delivery
+	// 10 messages per 100 ms for 3 s; those published in [1 s, 1.5 s) wait
+	// 80 ms, the rest 1 ms.
+	for i := range 300 {
+		sent := time.Duration(i) * 10 * time.Millisecond
+		lat := time.Millisecond
+		if sent >= time.Second && sent < 1500*time.Millisecond {
+			lat = 80 * time.Millisecond
+		}
+		ds = append(ds, Delivery{Seq: i, Sent: sent, Start: sent + lat})
+	}
+	series := RollingP99(ds, 500*time.Millisecond, 100*time.Millisecond)
+	require.NotEmpty(t, series)
+	for _, p := range series {
+		switch {
+		case p.T <= 1.0+1e-9 || p.T >= 2.0-1e-9:
+			require.Equal(t, 1.0, p.V, "t=%v", p.T)
+		default:
+			require.Equal(t, 80.0, p.V, "t=%v", p.T)
+		}
+	}
+	// Windows end-exclusive: the last one over 50 ms ends at 1.9 s, so the
+	// p99 is back 0.9 s after an event at 1.0 s.
+	require.InDelta(t, 0.9, recoveryTime(series, 1.0, 50), 1e-9)
+	require.Equal(t, 0.0, recoveryTime(series, 2.5, 50))
+	require.Equal(t, -1.0, recoveryTime([]TimePoint{{1, 1}, {2, 60}}, 0.5, 50))
+}

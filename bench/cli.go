@@ -16,12 +16,6 @@ import (
 	"time"
 )
 
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, strings.Split(v, ",")...); return nil }
-
 const usage = `Usage: luffy-bench COMMAND [flags]
 
 Commands:
@@ -56,9 +50,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "throughput":
 		err = throughputCommand(ctx, args[1:], stdout, stderr)
 	case ConnectionsCommand:
-		err = connectionsCommand(ctx, args[1:], stdout, stderr)
+		err = connectionsCommand(ctx, args[1:], stdout, stderr, WriteSummary)
 	case MochiServerCommand:
-		err = mochiServerCommand(ctx, args[1:], stdout, stderr)
+		err = runMochiServer(ctx, args[1:], stdout, stderr)
 	case "summary":
 		fs := flag.NewFlagSet("luffy-bench summary", flag.ContinueOnError)
 		fs.SetOutput(stderr)
@@ -220,7 +214,7 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", MochiServerCommand, err)
 	}
 	results := &SharedResults{
-		Machine:   machineInfo(mosq),
+		Machine:   describeMachine(mosq),
 		Emulation: Emulation,
 		Latency:   "dequeue time (virtual service start) − scheduled publish time (the drift-free publisher's slot; the payload also carries the actual send time and results.json the publisher's worst lag); processing excluded",
 		Notes:     sharedNotes(),
@@ -260,7 +254,7 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 			}
 		}
 	}
-	starter := brokerStarter{LuffyMQ: bin, Mosquitto: mosq, Self: self, LogDir: logDir}
+	starter := brokerStarter{LuffyMQ: bin, Mosquitto: mosq, Self: self, LogDir: logDir, LiveOracle: startLiveOracleBroker}
 	opts := sharedOptions{brokers: starter, drainTimeout: cfg.DrainTimeout, logDir: logDir, ackInterval: cfg.AckInterval}
 	began := time.Now()
 	doneEst := 0.0
@@ -300,7 +294,7 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 		results.Runs = append(results.Runs, r)
 		groupRuns = append(groupRuns, r)
 		results.Generated = time.Now().UTC()
-		if err := writeJSON(jsonPath, results); err != nil {
+		if err := writeJSON(jsonPath, results.finite()); err != nil {
 			return err
 		}
 		if k == len(jobs)-1 || jobs[k+1].s.ID != j.s.ID || jobs[k+1].kind != j.kind {
@@ -359,14 +353,6 @@ func keepOtherRuns(old []RunResult, scs []Scenario, kinds []string) []RunResult 
 		out = append(out, r)
 	}
 	return out
-}
-
-func fmtDur(d time.Duration) string {
-	d = d.Round(time.Second)
-	if d >= time.Minute {
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	}
-	return fmt.Sprintf("%ds", int(d.Seconds()))
 }
 
 func throughputCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -459,7 +445,7 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", MochiServerCommand, err)
 	}
 	starter := brokerStarter{LuffyMQ: luffymq, Mosquitto: mosq, Self: self, LogDir: logDir}
-	res := &ThroughputResults{Machine: machineInfo(mosq), Config: cfg}
+	res := &ThroughputResults{Machine: describeMachine(mosq), Config: cfg}
 	logf, err := os.Create(filepath.Join(logDir, "throughput.clients.log"))
 	if err != nil {
 		return err

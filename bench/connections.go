@@ -59,6 +59,9 @@ type ConnectionsConfig struct {
 	// Out receives connections.json, connections.md and the plot.
 	Out      string    `json:"-"`
 	Progress io.Writer `json:"-"`
+	// WriteSummary, when set, rewrites the summary in Out once the
+	// results are written (luffy-bench's summary.md).
+	WriteSummary func(dir string) error `json:"-"`
 }
 
 // DefaultConnectionsConfig returns issue 21's sizes.
@@ -485,7 +488,7 @@ func RunConnections(ctx context.Context, cfg ConnectionsConfig) error {
 		return err
 	}
 	defer cleanup()
-	res := &ConnectionsResults{Machine: machineInfo(starter.Mosquitto), Config: cfg, FDLimit: fdl, Notes: connectionsNotes(cfg, fdl)}
+	res := &ConnectionsResults{Machine: describeMachine(starter.Mosquitto), Config: cfg, FDLimit: fdl, Notes: connectionsNotes(cfg, fdl)}
 	save := func() error {
 		res.Generated = time.Now().UTC()
 		return writeJSON(filepath.Join(cfg.Out, "connections.json"), res)
@@ -524,16 +527,19 @@ func RunConnections(ctx context.Context, cfg ConnectionsConfig) error {
 	if err := os.WriteFile(filepath.Join(cfg.Out, "connections.md"), []byte(connectionsMarkdown(res, cfg.Out)), 0o644); err != nil {
 		return err
 	}
-	if err := WriteSummary(cfg.Out); err != nil {
-		return fmt.Errorf("summary: %w", err)
+	if cfg.WriteSummary != nil {
+		if err := cfg.WriteSummary(cfg.Out); err != nil {
+			return fmt.Errorf("summary: %w", err)
+		}
 	}
 	fmt.Fprintf(cfg.Progress, "done in %s: %s, %s\n", fmtDur(time.Since(began)),
 		filepath.Join(cfg.Out, "connections.json"), filepath.Join(cfg.Out, "connections.md"))
 	return nil
 }
 
-// connectionsCommand parses `luffy-bench connections` flags and runs it.
-func connectionsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// connectionsCommand parses `luffy-bench connections` flags and runs it;
+// writeSummary rewrites the summary once the results are written.
+func connectionsCommand(ctx context.Context, args []string, stdout, stderr io.Writer, writeSummary func(dir string) error) error {
 	d := DefaultConnectionsConfig()
 	fs := flag.NewFlagSet("luffy-bench "+ConnectionsCommand, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -558,6 +564,6 @@ func connectionsCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	cfg := d
 	cfg.Out, cfg.Connections, cfg.Repeat, cfg.Systems, cfg.LuffyMQ = *out, *n, *repeat, splitList(*systems), *luffymq
 	cfg.Dialers, cfg.Churn, cfg.SettleWindow, cfg.SettleMax, cfg.DeliveryTimeout, cfg.LuffyMQArgs = *dialers, *churn, *window, *settle, *delivery, extra
-	cfg.Progress = stdout
+	cfg.Progress, cfg.WriteSummary = stdout, writeSummary
 	return RunConnections(ctx, cfg)
 }

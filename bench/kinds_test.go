@@ -114,7 +114,7 @@ func TestSummaryKeysResultsByKind(t *testing.T) {
 	}
 	legacy := kindRun("", SystemMosquitto, 1, 1600) // no kind: an sdk run
 	runs = append(runs, legacy)
-	require.NoError(t, writeJSON(filepath.Join(dir, "results.json"), &SharedResults{Runs: runs}))
+	require.NoError(t, writeJSON(filepath.Join(dir, "results.json"), (&SharedResults{Runs: runs}).finite()))
 	require.NoError(t, WriteSummary(dir))
 	data, err := os.ReadFile(filepath.Join(dir, "summary.md"))
 	require.NoError(t, err)

@@ -1,7 +1,10 @@
 package bench
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -10,19 +13,6 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
-
-// SystemLiveOracle is vanilla Mochi MQTT in luffy-bench's own process with
-// a selection hook that sees the members' true state: each message goes
-// to the member that will start it first, from the member's real schedule
-// (the emulator's end of its last service) plus the exact work of what was
-// sent to it and not yet started. Unlike the replayed oracle it routes
-// through a real broker and pays the run's delivery delays, acks and
-// reports included; it is the reference a live policy can be held to. Like
-// the replayed oracle it is greedy (earliest start for each message in
-// turn), not a proven lower bound: at 100 % utilisation on a loaded
-// machine adaptive has beaten it (thesis-2, thesis-format reporters:
-// 35.9 ms against 42.0 ms, medians of 2 runs).
-const SystemLiveOracle = "live-oracle"
 
 // liveOracleHook picks shared-group members for SystemLiveOracle.
 type liveOracleHook struct {
@@ -95,6 +85,21 @@ type liveOracleBroker struct {
 // attach hands the hook the run whose members it routes to.
 func (b *liveOracleBroker) attach(run *liveRun, idPrefix string) { b.hook.attach(run, idPrefix) }
 
+// startLiveOracleBroker is brokerStarter.LiveOracle: the live oracle,
+// logging to logPath.
+func startLiveOracleBroker(logPath string) (runningBroker, error) {
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("live oracle log: %w", err)
+	}
+	br, err := startLiveOracle(slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		_ = logFile.Close()
+		return nil, err
+	}
+	return closingWith{br, logFile.Close}, nil
+}
+
 func startLiveOracle(logger *slog.Logger) (*liveOracleBroker, error) {
 	hook := new(liveOracleHook)
 	br, err := startVanillaMochi("127.0.0.1:0", logger, hook)
@@ -103,3 +108,12 @@ func startLiveOracle(logger *slog.Logger) (*liveOracleBroker, error) {
 	}
 	return &liveOracleBroker{mochiBroker: br, hook: hook}, nil
 }
+
+// closingWith is a running broker that also closes something of its own
+// (the in-process live oracle's log file) when it stops.
+type closingWith struct {
+	*liveOracleBroker
+	also func() error
+}
+
+func (c closingWith) Close() error { return errors.Join(c.liveOracleBroker.Close(), c.also()) }

@@ -8,6 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"testing"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -49,10 +53,10 @@ func startVanillaMochi(addr string, logger *slog.Logger, extra ...mqtt.Hook) (*m
 func (m *mochiBroker) Addr() string { return m.addr }
 func (m *mochiBroker) Close() error { return m.server.Close() }
 
-// mochiServerCommand runs vanilla Mochi on --listen until ctx ends (SIGTERM
+// runMochiServer runs vanilla Mochi on --listen until ctx ends (SIGTERM
 // or SIGINT). Mochi 2.7.9 can deadlock under QoS 1 load, and then its Close
 // never returns: the command gives it 3 s and exits anyway.
-func mochiServerCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func runMochiServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("luffy-bench "+MochiServerCommand, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:1883", "loopback host:port to listen on")
@@ -84,4 +88,22 @@ func mochiServerCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 
 func mochiVersion() string {
 	return "Mochi MQTT " + mqtt.Version + " (separate process `luffy-bench " + MochiServerCommand + "`: default options, allow-all auth hook only)"
+}
+
+// testMainWithMochi runs a package's tests with m, or vanilla Mochi when
+// the test binary was started as `luffy-bench mochi-server`: a test that
+// starts vanilla Mochi runs it as a process of its own, and os.Executable
+// is the test binary there. Each bench package's TestMain calls it.
+func testMainWithMochi(m *testing.M) {
+	if len(os.Args) < 2 || os.Args[1] != MochiServerCommand {
+		os.Exit(m.Run())
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := runMochiServer(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "luffy-bench:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
 }

@@ -1,6 +1,9 @@
 package bench
 
-import "time"
+import (
+	"sort"
+	"time"
+)
 
 // Delivery is one message taken for processing by a member: the unit every
 // latency statistic is computed from. Times are offsets from the start of
@@ -90,3 +93,43 @@ func DeliveryDelays(ds []Delivery, n int) []time.Duration {
 // greedy policy with perfect information, a strong reference but not a
 // proven lower bound on the latency of every policy.
 const OracleName = "perfect-information greedy oracle (not a proven lower bound)"
+
+// TimePoint is one value of a time series; T in seconds from the start of
+// publishing.
+type TimePoint struct {
+	T float64 `json:"t_s"`
+	V float64 `json:"v"`
+}
+
+// RollingP99 returns the p99 latency (ms) of the messages published in each
+// window of width w ending at multiples of step, up to the last publish
+// time. Windows with no message are skipped.
+func RollingP99(ds []Delivery, w, step time.Duration) []TimePoint {
+	if len(ds) == 0 {
+		return nil
+	}
+	s := append([]Delivery(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i].Sent < s[j].Sent })
+	last := s[len(s)-1].Sent
+	var out []TimePoint
+	lo := 0
+	hi := 0
+	for end := step; end <= last+step; end += step {
+		for hi < len(s) && s[hi].Sent < end {
+			hi++
+		}
+		for lo < hi && s[lo].Sent < end-w {
+			lo++
+		}
+		if hi == lo {
+			continue
+		}
+		vals := make([]float64, 0, hi-lo)
+		for _, d := range s[lo:hi] {
+			vals = append(vals, ms(d.Latency()))
+		}
+		sort.Float64s(vals)
+		out = append(out, TimePoint{T: end.Seconds(), V: Percentile(vals, 99)})
+	}
+	return out
+}

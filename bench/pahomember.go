@@ -17,10 +17,6 @@ import (
 	"github.com/luffymq/luffymq/clientsdk/report"
 )
 
-// pahoQueueCapacity bounds a paho member's FIFO; a full FIFO blocks paho's
-// reader (back-pressure), as the SDK's full queue does.
-const pahoQueueCapacity = 10000
-
 // pahoMemberConfig configures a shared-subscription member written with
 // plain paho.golang instead of the LuffyMQ SDK.
 type pahoMemberConfig struct {
@@ -236,32 +232,6 @@ func (m *pahoMember) Close(context.Context) {
 func (m *pahoMember) Crash() {
 	m.closing.Store(true)
 	m.cancel()
-}
-
-// pahoDial opens a plain MQTT v5 client connection with cc (ClientID and
-// Conn are set here), keep-alive 30 s and Receive Maximum 65535 (no limit
-// in practice, as MQTT's default), and returns the client and its CONNACK.
-func pahoDial(ctx context.Context, addr, id string, cc paho.ClientConfig) (*paho.Client, *paho.Connack, error) {
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
-	}
-	cc.ClientID, cc.Conn = id, conn
-	c := paho.NewClient(cc)
-	rm := uint16(65535)
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	ca, err := c.Connect(cctx, &paho.Connect{ClientID: id, KeepAlive: 30, CleanStart: true,
-		Properties: &paho.ConnectProperties{ReceiveMaximum: &rm, RequestProblemInfo: true}})
-	if err != nil {
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("connect to %s: %w", addr, err)
-	}
-	if ca.ReasonCode != 0 {
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("connect to %s: reason code %d", addr, ca.ReasonCode)
-	}
-	return c, ca, nil
 }
 
 // thesisPinger is a paho.Pinger that sends the thesis's load report —

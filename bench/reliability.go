@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,8 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/luffymq/luffymq/broker"
 )
@@ -372,7 +369,7 @@ func RunReliability(ctx context.Context, cfg ReliabilityConfig) error {
 	}
 	defer cleanup()
 	r := &reliabilityRunner{cfg: cfg, starter: starter, logDir: starter.LogDir}
-	res := &ReliabilityResults{Machine: machineInfo(starter.Mosquitto), Config: cfg, Notes: reliabilityNotes(cfg)}
+	res := &ReliabilityResults{Machine: describeMachine(starter.Mosquitto), Config: cfg, Notes: reliabilityNotes(cfg)}
 	began := time.Now()
 	type job struct {
 		scenario, system string
@@ -460,14 +457,6 @@ func systemLabel(system, variant string) string {
 	return system + " (" + variant + ")"
 }
 
-// fmtBytes formats a byte count in MiB ("—" when unknown).
-func fmtBytes(n int64) string {
-	if n < 0 {
-		return "—"
-	}
-	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-}
-
 // fmtCount formats a counter that may be unknown (-1).
 func fmtCount(n int64) string {
 	if n < 0 {
@@ -486,46 +475,6 @@ func seqPayload(seq, size int) []byte {
 		b[i] = 'x'
 	}
 	return b
-}
-
-// dialPaho connects a paho.golang MQTT v5 client (clean start, session
-// expiry 0, Receive Maximum 65535) and returns it with its TCP connection,
-// which the caller may close to cut the client off without a DISCONNECT.
-func dialPaho(ctx context.Context, addr, id string, keepAlive uint16, cc paho.ClientConfig) (*paho.Client, net.Conn, error) {
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
-	}
-	cc.ClientID, cc.Conn = id, conn
-	c := paho.NewClient(cc)
-	rm := uint16(65535)
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	ca, err := c.Connect(cctx, &paho.Connect{ClientID: id, KeepAlive: keepAlive, CleanStart: true,
-		Properties: &paho.ConnectProperties{ReceiveMaximum: &rm, RequestProblemInfo: true}})
-	if err != nil {
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("connect %s to %s: %w", id, addr, err)
-	}
-	if ca.ReasonCode != 0 {
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("connect %s to %s: reason code 0x%02x", id, addr, ca.ReasonCode)
-	}
-	return c, conn, nil
-}
-
-// subscribe subscribes c to filter at qos and checks the SUBACK.
-func subscribe(ctx context.Context, c *paho.Client, filter string, qos byte) error {
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	sa, err := c.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: qos}}})
-	if err != nil {
-		return fmt.Errorf("subscribe %s: %w", filter, err)
-	}
-	if len(sa.Reasons) > 0 && sa.Reasons[0] >= 0x80 {
-		return fmt.Errorf("subscribe %s: reason code 0x%02x", filter, sa.Reasons[0])
-	}
-	return nil
 }
 
 // reliabilityCommand parses `luffy-bench reliability` flags and runs it.
@@ -576,17 +525,6 @@ func reliabilityCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		cfg.Burst.PendingWrites = append(cfg.Burst.PendingWrites, n)
 	}
 	return RunReliability(ctx, cfg)
-}
-
-// splitList splits a comma-separated list, dropping empty items.
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 // ReliabilityMain runs `luffy-bench reliability` with args (without the

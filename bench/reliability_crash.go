@@ -333,11 +333,3 @@ func (r *reliabilityRunner) runCrash(ctx context.Context, system string, repeat 
 	}
 	return run
 }
-
-// joinErr appends note to an error text.
-func joinErr(err, note string) string {
-	if err == "" {
-		return note
-	}
-	return err + "; " + note
-}

@@ -5,12 +5,9 @@ import (
 	"image/color"
 	"math"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 )
 
@@ -137,17 +134,6 @@ func meanOf[T any](xs []T, keep func(T) bool, f func(T) float64) float64 {
 	return sum / float64(n)
 }
 
-// orderedLabels returns the distinct labels of xs in first-seen order.
-func orderedLabels[T any](xs []T, label func(T) string) []string {
-	var out []string
-	for _, x := range xs {
-		if l := label(x); !slices.Contains(out, l) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // plotReliability writes the bar plots of every scenario in res.
 func plotReliability(dir string, res *ReliabilityResults) error {
 	if len(res.Crash) > 0 {
@@ -165,32 +151,6 @@ func plotReliability(dir string, res *ReliabilityResults) error {
 			return fmt.Errorf("burst plot: %w", err)
 		}
 	}
-	return nil
-}
-
-// groupedBars adds one bar series per name to p over len(categories)
-// categories; values[j][i] is series j's value in category i (NaN: no bar).
-func groupedBars(p *plot.Plot, categories, names []string, colors []color.Color, values [][]float64) error {
-	w := vg.Points(min(24, 160/float64(max(1, len(names)))))
-	for j, name := range names {
-		vals := make(plotter.Values, len(categories))
-		for i := range categories {
-			if v := values[j][i]; !math.IsNaN(v) {
-				vals[i] = v
-			}
-		}
-		bars, err := plotter.NewBarChart(vals, w)
-		if err != nil {
-			return err
-		}
-		bars.Offset = w * vg.Length(float64(j)-float64(len(names)-1)/2)
-		bars.Color = colors[j%len(colors)]
-		bars.LineStyle.Width = 0
-		p.Add(bars)
-		p.Legend.Add(name, bars)
-	}
-	categoryAxis(p, categories)
-	p.Y.Min = 0
 	return nil
 }
 
@@ -262,13 +222,4 @@ func plotBurst(path string, runs []BurstRun) error {
 	}
 	p.Y.Max = math.Max(p.Y.Max*1.3, 1)
 	return p.Save(8*vg.Inch, 4*vg.Inch, path)
-}
-
-// pct1 formats a fraction as a percentage with one decimal ("—" for NaN):
-// a burst that loses 0.2 % must not read as 100 %.
-func pct1(v float64) string {
-	if math.IsNaN(v) {
-		return "—"
-	}
-	return fmt.Sprintf("%.1f %%", 100*v)
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
 	"strings"
 	"time"
 )
@@ -222,90 +221,4 @@ func (s Scenario) Capacity(t time.Duration) float64 {
 		c += float64(time.Second) / float64(m.serviceAt(t))
 	}
 	return c
-}
-
-// System names accepted by --systems.
-const (
-	SystemMosquitto = "mosquitto"
-	SystemMochi     = "mochi"
-	SystemOracle    = "oracle"
-)
-
-// LuffyStrategies are the luffymq strategies benchmarked, in report order.
-var LuffyStrategies = []string{"adaptive", "adaptive-hold", "thesis", "round-robin", "random", "sticky", "jsq", "power-of-two", "hash-clientid", "hash-topic"}
-
-// SystemAdaptiveHold is adaptive with late binding: it holds messages at
-// the broker on purpose.
-const SystemAdaptiveHold = "luffymq-adaptive-hold"
-
-// BenchHoldLead is the --hold-lead of the luffymq-adaptive-hold system:
-// adaptive with late binding, the lead suited to loopback members.
-const BenchHoldLead = 5 * time.Millisecond
-
-// luffymqSelectionArgs returns the luffymq flags that select system's
-// strategy: "luffymq-<strategy>", or luffymq-adaptive-hold (adaptive with
-// --hold-lead BenchHoldLead).
-func luffymqSelectionArgs(system string) []string {
-	strategy := strings.TrimPrefix(system, "luffymq-")
-	if strategy == "adaptive-hold" {
-		return []string{"--strategy", "adaptive", "--hold-lead", BenchHoldLead.String()}
-	}
-	return []string{"--strategy", strategy}
-}
-
-// AllSystems returns every system name in report order.
-func AllSystems() []string {
-	var out []string
-	for _, s := range LuffyStrategies {
-		out = append(out, "luffymq-"+s)
-	}
-	return append(out, SystemMosquitto, SystemMochi, SystemLiveOracle, SystemOracle)
-}
-
-// ParseSystems turns a comma-separated list (strategy names may omit the
-// "luffymq-" prefix; "all" means every system) into system names in report
-// order.
-func ParseSystems(list string) ([]string, error) {
-	all := AllSystems()
-	if strings.TrimSpace(list) == "" || list == "all" {
-		return all, nil
-	}
-	want := map[string]bool{}
-	for _, f := range strings.Split(list, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		name := f
-		for _, s := range LuffyStrategies {
-			if f == s {
-				name = "luffymq-" + s
-			}
-		}
-		ok := false
-		for _, a := range all {
-			ok = ok || a == name
-		}
-		if !ok {
-			return nil, fmt.Errorf("unknown system %q; choose from %s (strategy names may omit luffymq-)", f, strings.Join(all, ", "))
-		}
-		want[name] = true
-	}
-	var out []string
-	for _, a := range all {
-		if want[a] {
-			out = append(out, a)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return systemOrder(out[i]) < systemOrder(out[j]) })
-	return out, nil
-}
-
-func systemOrder(name string) int {
-	for i, a := range AllSystems() {
-		if a == name {
-			return i
-		}
-	}
-	return len(AllSystems())
 }

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -17,29 +16,6 @@ import (
 	"github.com/luffymq/luffymq/clientsdk"
 	"github.com/luffymq/luffymq/internal/timeutil"
 )
-
-// PayloadSize is the size of every benchmark message.
-const PayloadSize = 100
-
-// encodePayload writes the sequence number and send time into a 100 B
-// payload.
-func encodePayload(seq int, sent time.Time) []byte {
-	b := make([]byte, PayloadSize)
-	binary.BigEndian.PutUint64(b[0:8], uint64(seq))
-	binary.BigEndian.PutUint64(b[8:16], uint64(sent.UnixNano()))
-	for i := 16; i < len(b); i++ {
-		b[i] = 'x'
-	}
-	return b
-}
-
-// decodePayload reads what encodePayload wrote.
-func decodePayload(b []byte) (seq int, sent time.Time, ok bool) {
-	if len(b) < 16 {
-		return 0, time.Time{}, false
-	}
-	return int(binary.BigEndian.Uint64(b[0:8])), time.Unix(0, int64(binary.BigEndian.Uint64(b[8:16]))), true
-}
 
 // SubscriberResult is one member's share of a run.
 type SubscriberResult struct {

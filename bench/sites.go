@@ -434,7 +434,7 @@ func RunSites(ctx context.Context, cfg SitesConfig) error {
 		defer cleanup()
 		cfg.controller = ctl
 	}
-	res := &SitesResults{Machine: machineInfo(""), Config: cfg, TimeScale: cfg.TimeScale(), RabbitMQ: rabbitMQVersion(),
+	res := &SitesResults{Machine: describeMachine(""), Config: cfg, TimeScale: cfg.TimeScale(), RabbitMQ: rabbitMQVersion(),
 		DelaysMs: map[string]map[string]float64{}, Notes: sitesNotes(cfg)}
 	for _, a := range cfg.Sites {
 		res.DelaysMs[a] = map[string]float64{}

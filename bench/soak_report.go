@@ -57,13 +57,6 @@ func soakNotes(cfg SoakConfig, res *SoakResults) []string {
 	return notes
 }
 
-func argsNote(args []string) string {
-	if len(args) == 0 {
-		return ""
-	}
-	return " and " + strings.Join(args, " ")
-}
-
 // soakGoals evaluates the soak goals of issue 9.
 func soakGoals(res *SoakResults) []goal {
 	f, st := res.Final, res.Stability

@@ -273,25 +273,6 @@ func sortedKinds[V any](byKind map[string]V) []string {
 	return kinds
 }
 
-// goal is one reported goal.
-type goal struct {
-	Text   string
-	Status string // "met", "missed", "not measured"
-	Detail string
-}
-
-func (g goal) String() string {
-	s := "**" + g.Status + "**"
-	return fmt.Sprintf("- %s: %s — %s", g.Text, s, g.Detail)
-}
-
-func metIf(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "missed"
-}
-
 // sharedGoals evaluates the set-A goals from aggregated results, keyed by
 // scenario, then subscriber kind; each goal is evaluated for every kind
 // the scenario ran with.
@@ -652,11 +633,6 @@ func WriteSummary(dir string) error {
 	return os.WriteFile(filepath.Join(dir, "summary.md"), []byte(b.String()), 0o644)
 }
 
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
-}
-
 func upperFirst(s string) string {
 	r, n := utf8.DecodeRuneInString(s)
 	if n == 0 {
@@ -664,15 +640,6 @@ func upperFirst(s string) string {
 	}
 	return string(unicode.ToUpper(r)) + s[n:]
 }
-
-func orDash(s string) string {
-	if s == "" {
-		return "—"
-	}
-	return s
-}
-
-type plotRef struct{ file, alt string }
 
 // plotFile names a plot of a scenario with one subscriber kind.
 func plotFile(id, kind, what string) string {

@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,6 +38,9 @@ type brokerStarter struct {
 	Self string
 	// LogDir receives broker logs.
 	LogDir string
+	// LiveOracle starts the live oracle in this process (set by the runs
+	// that have it among their systems).
+	LiveOracle func(logPath string) (runningBroker, error)
 }
 
 // newBrokerStarter prepares the brokers of systems for a run writing into
@@ -102,16 +105,10 @@ func (b brokerStarter) start(ctx context.Context, system string, reportInterval 
 		p.cleanup = func() { _ = os.RemoveAll(dir) }
 		return p, nil
 	case system == SystemLiveOracle:
-		logFile, err := os.Create(filepath.Join(b.LogDir, logName+".broker.log"))
-		if err != nil {
-			return nil, fmt.Errorf("live oracle log: %w", err)
+		if b.LiveOracle == nil {
+			return nil, errors.New("live oracle: not available in this run")
 		}
-		br, err := startLiveOracle(slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelWarn})))
-		if err != nil {
-			_ = logFile.Close()
-			return nil, err
-		}
-		return closingWith{br, logFile.Close}, nil
+		return b.LiveOracle(filepath.Join(b.LogDir, logName+".broker.log"))
 	case system == SystemMochi:
 		if b.Self == "" {
 			return nil, errors.New("mochi: the path of the luffy-bench executable is unknown")
@@ -297,11 +294,101 @@ func buildLuffyMQ(ctx context.Context, dir string) (string, error) {
 	return bin, nil
 }
 
-// closingWith is a running broker that also closes something of its own
-// (the in-process live oracle's log file) when it stops.
-type closingWith struct {
-	*liveOracleBroker
-	also func() error
+// SystemLiveOracle is vanilla Mochi MQTT in luffy-bench's own process with
+// a selection hook that sees the members' true state: each message goes
+// to the member that will start it first, from the member's real schedule
+// (the emulator's end of its last service) plus the exact work of what was
+// sent to it and not yet started. Unlike the replayed oracle it routes
+// through a real broker and pays the run's delivery delays, acks and
+// reports included; it is the reference a live policy can be held to. Like
+// the replayed oracle it is greedy (earliest start for each message in
+// turn), not a proven lower bound: at 100 % utilisation on a loaded
+// machine adaptive has beaten it (thesis-2, thesis-format reporters:
+// 35.9 ms against 42.0 ms, medians of 2 runs).
+const SystemLiveOracle = "live-oracle"
+
+// System names accepted by --systems.
+const (
+	SystemMosquitto = "mosquitto"
+	SystemMochi     = "mochi"
+	SystemOracle    = "oracle"
+)
+
+// LuffyStrategies are the luffymq strategies benchmarked, in report order.
+var LuffyStrategies = []string{"adaptive", "adaptive-hold", "thesis", "round-robin", "random", "sticky", "jsq", "power-of-two", "hash-clientid", "hash-topic"}
+
+// SystemAdaptiveHold is adaptive with late binding: it holds messages at
+// the broker on purpose.
+const SystemAdaptiveHold = "luffymq-adaptive-hold"
+
+// BenchHoldLead is the --hold-lead of the luffymq-adaptive-hold system:
+// adaptive with late binding, the lead suited to loopback members.
+const BenchHoldLead = 5 * time.Millisecond
+
+// luffymqSelectionArgs returns the luffymq flags that select system's
+// strategy: "luffymq-<strategy>", or luffymq-adaptive-hold (adaptive with
+// --hold-lead BenchHoldLead).
+func luffymqSelectionArgs(system string) []string {
+	strategy := strings.TrimPrefix(system, "luffymq-")
+	if strategy == "adaptive-hold" {
+		return []string{"--strategy", "adaptive", "--hold-lead", BenchHoldLead.String()}
+	}
+	return []string{"--strategy", strategy}
 }
 
-func (c closingWith) Close() error { return errors.Join(c.liveOracleBroker.Close(), c.also()) }
+// AllSystems returns every system name in report order.
+func AllSystems() []string {
+	var out []string
+	for _, s := range LuffyStrategies {
+		out = append(out, "luffymq-"+s)
+	}
+	return append(out, SystemMosquitto, SystemMochi, SystemLiveOracle, SystemOracle)
+}
+
+// ParseSystems turns a comma-separated list (strategy names may omit the
+// "luffymq-" prefix; "all" means every system) into system names in report
+// order.
+func ParseSystems(list string) ([]string, error) {
+	all := AllSystems()
+	if strings.TrimSpace(list) == "" || list == "all" {
+		return all, nil
+	}
+	want := map[string]bool{}
+	for _, f := range strings.Split(list, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		name := f
+		for _, s := range LuffyStrategies {
+			if f == s {
+				name = "luffymq-" + s
+			}
+		}
+		ok := false
+		for _, a := range all {
+			ok = ok || a == name
+		}
+		if !ok {
+			return nil, fmt.Errorf("unknown system %q; choose from %s (strategy names may omit luffymq-)", f, strings.Join(all, ", "))
+		}
+		want[name] = true
+	}
+	var out []string
+	for _, a := range all {
+		if want[a] {
+			out = append(out, a)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return systemOrder(out[i]) < systemOrder(out[j]) })
+	return out, nil
+}
+
+func systemOrder(name string) int {
+	for i, a := range AllSystems() {
+		if a == name {
+			return i
+		}
+	}
+	return len(AllSystems())
+}
