@@ -4,6 +4,8 @@ import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 // Adaptation measures how a system reacts to a scenario's event (step,
@@ -63,7 +65,7 @@ func adaptation(s Scenario, ds, oracle []Delivery) *Adaptation {
 	if s.EventAt == 0 || len(ds) == 0 {
 		return nil
 	}
-	a := &Adaptation{WindowMs: ms(adaptationWindow), StepMs: ms(adaptationStep), LimitMs: adaptationLimit,
+	a := &Adaptation{WindowMs: harness.Millis(adaptationWindow), StepMs: harness.Millis(adaptationStep), LimitMs: adaptationLimit,
 		GoalS: recoveryGoalIntervals * s.ReportInterval.Seconds()}
 	series := RollingP99(ds, adaptationWindow, adaptationStep)
 	a.RecoveryS = recoveryTime(series, s.EventAt.Seconds(), adaptationLimit)
@@ -99,10 +101,10 @@ func adaptation(s Scenario, ds, oracle []Delivery) *Adaptation {
 	var lat []float64
 	for _, d := range ds {
 		if d.Member == newcomer {
-			lat = append(lat, ms(d.Latency()))
+			lat = append(lat, harness.Millis(d.Latency()))
 		}
 	}
-	st := Summarise(lat)
+	st := harness.Summarise(lat)
 	a.NewcomerMaxMs, a.NewcomerMeanMs = orMinus1(st.Max), orMinus1(st.Mean)
 	return a
 }

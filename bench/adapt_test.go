@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 // steady returns deliveries of one member published every gap from 0 to
@@ -154,7 +156,7 @@ func TestJoinOracleShareOnTheRealTrace(t *testing.T) {
 	require.NoError(t, err)
 	trace := s.Trace(1)
 	oracle := Oracle(s, trace)
-	r := buildResult(s, KindSDK, SystemOracle, 1, trace, len(trace), 1, oracle)
+	r := buildResult(s, KindSDK, harness.SystemOracle, 1, trace, len(trace), 1, oracle)
 	require.NotNil(t, r.Adaptation)
 	require.Greater(t, r.Adaptation.OracleShareEarly, 0.0)
 	require.Equal(t, r.Adaptation.OracleShareEarly, r.Adaptation.NewcomerShareEarly)

@@ -14,6 +14,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/luffymq/luffymq/bench/connections"
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 const usage = `Usage: luffy-bench COMMAND [flags]
@@ -49,10 +52,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = sharedCommand(ctx, args[1:], stdout, stderr)
 	case "throughput":
 		err = throughputCommand(ctx, args[1:], stdout, stderr)
-	case ConnectionsCommand:
-		err = connectionsCommand(ctx, args[1:], stdout, stderr, WriteSummary)
-	case MochiServerCommand:
-		err = runMochiServer(ctx, args[1:], stdout, stderr)
+	case connections.Command:
+		err = connections.RunCommand(ctx, args[1:], stdout, stderr, WriteSummary)
+	case harness.MochiServerCommand:
+		err = harness.RunMochiServer(ctx, args[1:], stdout, stderr)
 	case "summary":
 		fs := flag.NewFlagSet("luffy-bench summary", flag.ContinueOnError)
 		fs.SetOutput(stderr)
@@ -65,7 +68,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	default:
-		err = fmt.Errorf("unknown command %q (want shared, throughput, connections, summary or %s)", args[0], MochiServerCommand)
+		err = fmt.Errorf("unknown command %q (want shared, throughput, connections, summary or %s)", args[0], harness.MochiServerCommand)
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -103,12 +106,12 @@ type SharedConfig struct {
 func sharedCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("luffy-bench shared", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var scenarios stringList
+	var scenarios harness.StringList
 	fs.Var(&scenarios, "scenario", "scenario ID, repeatable: thesis-1, thesis-2, thesis-2-qos1, step, join, poisson, crash, or all")
 	out := fs.String("out", "", "output directory (required)")
 	duration := fs.Duration("duration", 0, "publishing time of every scenario (default: the scenario's own)")
 	repeat := fs.Int("repeat", 1, "runs of each scenario on each system")
-	systems := fs.String("systems", "all", "comma-separated systems: "+strings.Join(AllSystems(), ", ")+" (strategy names may omit luffymq-)")
+	systems := fs.String("systems", "all", "comma-separated systems: "+strings.Join(harness.AllSystems(), ", ")+" (strategy names may omit luffymq-)")
 	luffymq := fs.String("luffymq", "", "luffymq binary (default: build ./cmd/luffymq of the current module)")
 	drain := fs.Duration("drain-timeout", 90*time.Second, "longest wait for every sent message to be dequeued after publishing ends")
 	merge := fs.Bool("merge", false, "keep the runs already in DIR/results.json of every (scenario, subscriber kind) this invocation does not run")
@@ -120,7 +123,7 @@ func sharedCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	sys, err := ParseSystems(*systems)
+	sys, err := harness.ParseSystems(*systems)
 	if err != nil {
 		return err
 	}
@@ -186,9 +189,9 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 			scs = append(scs, s)
 		}
 	}
-	mosq := findMosquitto()
-	if slices.Contains(cfg.Systems, SystemMosquitto) && mosq == "" {
-		return errMosquittoMissing
+	mosq := harness.FindMosquitto()
+	if slices.Contains(cfg.Systems, harness.SystemMosquitto) && mosq == "" {
+		return harness.ErrMosquittoMissing
 	}
 	logDir := filepath.Join(cfg.Out, "logs")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
@@ -199,7 +202,7 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 	if needLuffy {
 		var cleanup func()
 		var err error
-		if bin, cleanup, err = luffyMQBinary(ctx, bin, cfg.Progress); err != nil {
+		if bin, cleanup, err = harness.LuffyMQBinary(ctx, bin, cfg.Progress); err != nil {
 			return err
 		}
 		defer cleanup()
@@ -210,11 +213,11 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 		}
 	}
 	self, err := os.Executable()
-	if err != nil && slices.Contains(cfg.Systems, SystemMochi) {
-		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", MochiServerCommand, err)
+	if err != nil && slices.Contains(cfg.Systems, harness.SystemMochi) {
+		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", harness.MochiServerCommand, err)
 	}
 	results := &SharedResults{
-		Machine:   describeMachine(mosq),
+		Machine:   harness.DescribeMachine(mosq),
 		Emulation: Emulation,
 		Latency:   "dequeue time (virtual service start) − scheduled publish time (the drift-free publisher's slot; the payload also carries the actual send time and results.json the publisher's worst lag); processing excluded",
 		Notes:     sharedNotes(),
@@ -238,7 +241,7 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 	}
 	var jobs []job
 	estimate := func(j job) float64 {
-		if j.system == SystemOracle {
+		if j.system == harness.SystemOracle {
 			return 0.05
 		}
 		return j.s.Duration.Seconds() + 2
@@ -254,7 +257,7 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 			}
 		}
 	}
-	starter := brokerStarter{LuffyMQ: bin, Mosquitto: mosq, Self: self, LogDir: logDir, LiveOracle: startLiveOracleBroker}
+	starter := harness.BrokerStarter{LuffyMQ: bin, Mosquitto: mosq, Self: self, LogDir: logDir, LiveOracle: startLiveOracleBroker}
 	opts := sharedOptions{brokers: starter, drainTimeout: cfg.DrainTimeout, logDir: logDir, ackInterval: cfg.AckInterval}
 	began := time.Now()
 	doneEst := 0.0
@@ -266,17 +269,17 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 		elapsed := time.Since(began)
 		eta := "?"
 		if doneEst > 0 {
-			eta = fmtDur(time.Duration(float64(elapsed) * (total - doneEst) / doneEst))
+			eta = harness.FmtDur(time.Duration(float64(elapsed) * (total - doneEst) / doneEst))
 		} else {
-			eta = "≈" + fmtDur(time.Duration(total*float64(time.Second)))
+			eta = "≈" + harness.FmtDur(time.Duration(total*float64(time.Second)))
 		}
 		fmt.Fprintf(cfg.Progress, "[%d/%d] %s · %s subscribers · %s · repeat %d/%d · elapsed %s · ETA %s\n",
-			k+1, len(jobs), j.s.ID, j.kind, j.system, j.repeat, cfg.Repeat, fmtDur(elapsed), eta)
+			k+1, len(jobs), j.s.ID, j.kind, j.system, j.repeat, cfg.Repeat, harness.FmtDur(elapsed), eta)
 		seed := uint64(j.repeat)
 		s := j.s.ForRun(seed)
 		trace := s.Trace(seed)
 		var r RunResult
-		if j.system == SystemOracle {
+		if j.system == harness.SystemOracle {
 			r = buildResult(s, j.kind, j.system, j.repeat, trace, len(trace), seed, Oracle(s, trace))
 		} else {
 			var err error
@@ -290,11 +293,11 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 		}
 		doneEst += estimate(j)
 		fmt.Fprintf(cfg.Progress, "      mean %s ms · p99 %s ms · max %s ms · lost %d · dup %d · %.1f s\n",
-			fmtMs(r.Overall.Mean), fmtMs(r.Overall.P99), fmtMs(r.Overall.Max), r.Lost, r.Duplicated, r.WallSeconds)
+			harness.FmtMs(r.Overall.Mean), harness.FmtMs(r.Overall.P99), harness.FmtMs(r.Overall.Max), r.Lost, r.Duplicated, r.WallSeconds)
 		results.Runs = append(results.Runs, r)
 		groupRuns = append(groupRuns, r)
 		results.Generated = time.Now().UTC()
-		if err := writeJSON(jsonPath, results.finite()); err != nil {
+		if err := harness.WriteJSON(jsonPath, results.finite()); err != nil {
 			return err
 		}
 		if k == len(jobs)-1 || jobs[k+1].s.ID != j.s.ID || jobs[k+1].kind != j.kind {
@@ -318,7 +321,7 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("interrupted; partial results in %s", cfg.Out)
 	}
-	fmt.Fprintf(cfg.Progress, "done in %s: %s, %s\n", fmtDur(time.Since(began)), jsonPath, filepath.Join(cfg.Out, "summary.md"))
+	fmt.Fprintf(cfg.Progress, "done in %s: %s, %s\n", harness.FmtDur(time.Since(began)), jsonPath, filepath.Join(cfg.Out, "summary.md"))
 	return nil
 }
 
@@ -328,7 +331,7 @@ func sharedNotes() []string {
 		"Subscriber kinds (column/section *subscribers*): sdk = " + kindDescription(KindSDK) + "; thesis-reporter = " + kindDescription(KindThesisReporter) +
 			"; timer-reporter = " + kindDescription(KindTimerReporter) + "; paho-qos1-ackafter = " + kindDescription(KindPahoQoS1AckAfter) + ".",
 		"Every member, of every kind, has one FIFO and one worker with the same drift-free service emulation. A broker that closes the connection on an extended PINGREQ makes the SDK reconnect and publish its reports to $luffy/load instead (ordinary messages nobody subscribes to on Mosquitto and Mochi); a paho member does not reconnect. Each run's notes say what happened.",
-		"luffymq runs as a separate process (the real binary); Mosquitto runs as a separate process with set_tcp_nodelay true; vanilla Mochi runs as a separate process (`luffy-bench " + MochiServerCommand + "`) with default options.",
+		"luffymq runs as a separate process (the real binary); Mosquitto runs as a separate process with set_tcp_nodelay true; vanilla Mochi runs as a separate process (`luffy-bench " + harness.MochiServerCommand + "`) with default options.",
 		OracleName + ": replays the exact arrival trace, always giving a message to the member that can start it soonest, knowing every member's exact busy-until time, with zero network delay (the same at QoS 1). A strong reference, not a proven lower bound; its row is computed once per subscriber kind.",
 		"Column *mean ÷ oracle on the run's network*: each live run's mean divided by the oracle replayed on that run's own network — every message reaches its member no earlier than its measured delivery delay in the run (receipt − scheduled publish) — then the median over runs. At 100 % utilisation (thesis-2) a message that reaches an idle member late costs that member's capacity for good, so the plain oracle's zero-delay figure is out of any live system's reach; this column separates the policy's share of the gap from the network's. Not computed for luffymq-adaptive-hold, whose deliberate holds at the broker would count as delivery delays.",
 		"Members use clean sessions (session expiry 0).",
@@ -346,9 +349,9 @@ func keepOtherRuns(old []RunResult, scs []Scenario, kinds []string) []RunResult 
 		if replaced {
 			continue
 		}
-		r.Overall = r.Overall.unfinite()
+		r.Overall = r.Overall.Unfinite()
 		for j := range r.PerSub {
-			r.PerSub[j].LatencyStats = r.PerSub[j].LatencyStats.unfinite()
+			r.PerSub[j].LatencyStats = r.PerSub[j].LatencyStats.Unfinite()
 		}
 		out = append(out, r)
 	}
@@ -366,7 +369,7 @@ func throughputCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	inflight := fs.Int("inflight", 16, "QoS 1 publishes each publisher keeps in flight")
 	repeat := fs.Int("repeat", 3, "runs of each test on each system (medians are reported)")
 	timeout := fs.Duration("timeout", 60*time.Second, "longest time one measurement may take")
-	stall := fs.Duration("stall-window", DefaultStallWindow, "a broker whose delivered count stays flat this long with messages still owed has stalled (no rate is reported for that run)")
+	stall := fs.Duration("stall-window", harness.DefaultStallWindow, "a broker whose delivered count stays flat this long with messages still owed has stalled (no rate is reported for that run)")
 	systems := fs.String("systems", strings.Join(ThroughputSystems, ","), "comma-separated subset of "+strings.Join(ThroughputSystems, ", ")+"; may add "+strings.Join(ThroughputOptionalSystems, ", ")+" (luffymq with --data-dir in a temporary directory)")
 	luffymq := fs.String("luffymq", "", "luffymq binary (default: build ./cmd/luffymq of the current module)")
 	if err := fs.Parse(args); err != nil {
@@ -386,7 +389,7 @@ func throughputCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	var sys []string
 	if len(listed) > 0 || len(optional) == 0 {
 		var err error
-		if sys, err = ParseSystems(strings.Join(listed, ",")); err != nil {
+		if sys, err = harness.ParseSystems(strings.Join(listed, ",")); err != nil {
 			return err
 		}
 	}
@@ -419,14 +422,14 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 		return errors.New("--timeout wants more than 0 and up to 10m")
 	}
 	if cfg.StallWindow == 0 {
-		cfg.StallWindow = DefaultStallWindow
+		cfg.StallWindow = harness.DefaultStallWindow
 	}
 	if cfg.StallWindow < 500*time.Millisecond || cfg.StallWindow > cfg.Timeout {
 		return fmt.Errorf("--stall-window %s: want 500ms up to the --timeout", cfg.StallWindow)
 	}
-	mosq := findMosquitto()
-	if slices.Contains(systems, SystemMosquitto) && mosq == "" {
-		return errMosquittoMissing
+	mosq := harness.FindMosquitto()
+	if slices.Contains(systems, harness.SystemMosquitto) && mosq == "" {
+		return harness.ErrMosquittoMissing
 	}
 	logDir := filepath.Join(out, "logs")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
@@ -435,17 +438,17 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 	if slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "luffymq-") }) {
 		var cleanup func()
 		var err error
-		if luffymq, cleanup, err = luffyMQBinary(ctx, luffymq, progress); err != nil {
+		if luffymq, cleanup, err = harness.LuffyMQBinary(ctx, luffymq, progress); err != nil {
 			return err
 		}
 		defer cleanup()
 	}
 	self, err := os.Executable()
-	if err != nil && slices.Contains(systems, SystemMochi) {
-		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", MochiServerCommand, err)
+	if err != nil && slices.Contains(systems, harness.SystemMochi) {
+		return fmt.Errorf("mochi runs as `luffy-bench %s`, but this executable's path is unknown: %w", harness.MochiServerCommand, err)
 	}
-	starter := brokerStarter{LuffyMQ: luffymq, Mosquitto: mosq, Self: self, LogDir: logDir}
-	res := &ThroughputResults{Machine: describeMachine(mosq), Config: cfg}
+	starter := harness.BrokerStarter{LuffyMQ: luffymq, Mosquitto: mosq, Self: self, LogDir: logDir}
+	res := &ThroughputResults{Machine: harness.DescribeMachine(mosq), Config: cfg}
 	logf, err := os.Create(filepath.Join(logDir, "throughput.clients.log"))
 	if err != nil {
 		return err
@@ -465,21 +468,21 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 				elapsed := time.Since(began)
 				eta := "?"
 				if k > 1 {
-					eta = fmtDur(elapsed / time.Duration(k-1) * time.Duration(n-k+1))
+					eta = harness.FmtDur(elapsed / time.Duration(k-1) * time.Duration(n-k+1))
 				}
-				fmt.Fprintf(progress, "[%d/%d] throughput %s · %s · repeat %d/%d · elapsed %s · ETA %s\n", k, n, t.ID, sys, r, cfg.Repeat, fmtDur(elapsed), eta)
+				fmt.Fprintf(progress, "[%d/%d] throughput %s · %s · repeat %d/%d · elapsed %s · ETA %s\n", k, n, t.ID, sys, r, cfg.Repeat, harness.FmtDur(elapsed), eta)
 				br, err := startThroughputBroker(ctx, starter, sys, time.Second, fmt.Sprintf("throughput-%s-%s-r%d", t.ID, sys, r))
 				if err != nil {
 					return fmt.Errorf("throughput %s on %s: %w", t.ID, sys, err)
 				}
 				run := runThroughput(ctx, t, sys, r, br, cfg, logger.With("system", sys, "test", t.ID))
-				if !within(cleanupTimeout, func() { _ = br.Close() }) {
-					run.Error = strings.TrimSpace(run.Error + " broker did not stop within " + cleanupTimeout.String() + " (left running)")
+				if !harness.Within(harness.CleanupTimeout, func() { _ = br.Close() }) {
+					run.Error = strings.TrimSpace(run.Error + " broker did not stop within " + harness.CleanupTimeout.String() + " (left running)")
 				}
 				if run.Stalled {
 					fmt.Fprintf(progress, "      STALLED: delivered %d/%d, none for %s after %.1f s\n", run.Delivered, run.Expected, cfg.StallWindow, run.StalledAfterS)
 				} else {
-					fmt.Fprintf(progress, "      %.0f msgs/s · p50 %s ms · p99 %s ms · delivered %d/%d %s\n", run.MsgsPerS, fmtMs(run.P50Ms), fmtMs(run.P99Ms), run.Delivered, run.Expected, run.Error)
+					fmt.Fprintf(progress, "      %.0f msgs/s · p50 %s ms · p99 %s ms · delivered %d/%d %s\n", run.MsgsPerS, harness.FmtMs(run.P50Ms), harness.FmtMs(run.P99Ms), run.Delivered, run.Expected, run.Error)
 				}
 				res.Runs = append(res.Runs, run)
 			}
@@ -493,7 +496,7 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 			}
 		}
 	}
-	if err := writeJSON(filepath.Join(out, "throughput.json"), res); err != nil {
+	if err := harness.WriteJSON(filepath.Join(out, "throughput.json"), res); err != nil {
 		return err
 	}
 	if err := plotThroughput(filepath.Join(out, "throughput.png"), res); err != nil {
@@ -502,6 +505,6 @@ func RunThroughput(ctx context.Context, out string, systems []string, luffymq st
 	if err := WriteSummary(out); err != nil {
 		return err
 	}
-	fmt.Fprintf(progress, "done in %s: %s\n", fmtDur(time.Since(began)), filepath.Join(out, "throughput.json"))
+	fmt.Fprintf(progress, "done in %s: %s\n", harness.FmtDur(time.Since(began)), filepath.Join(out, "throughput.json"))
 	return nil
 }

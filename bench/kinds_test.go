@@ -8,8 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/luffymq/luffymq/broker"
 	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
+	"github.com/luffymq/luffymq/broker"
 )
 
 func TestParseSubscriberKinds(t *testing.T) {
@@ -61,7 +63,7 @@ func TestKindQoS(t *testing.T) {
 func TestKeepOtherRunsKeysByScenarioAndKind(t *testing.T) {
 	old := []RunResult{
 		{Scenario: "thesis-2", Subscriber: KindSDK, System: "luffymq-adaptive"},
-		{Scenario: "thesis-2", Subscriber: "", System: SystemMochi}, // written before kinds existed: sdk
+		{Scenario: "thesis-2", Subscriber: "", System: harness.SystemMochi}, // written before kinds existed: sdk
 		{Scenario: "thesis-2", Subscriber: KindTimerReporter, System: "luffymq-adaptive"},
 		{Scenario: "thesis-1", Subscriber: KindTimerReporter, System: "luffymq-adaptive"},
 	}
@@ -77,7 +79,7 @@ func TestKeepOtherRunsKeysByScenarioAndKind(t *testing.T) {
 		}},
 		{"rerunning another kind keeps sdk runs, old ones included", []string{KindTimerReporter, KindThesisReporter}, []runKey{
 			{"thesis-2", KindSDK, "luffymq-adaptive"},
-			{"thesis-2", KindSDK, SystemMochi},
+			{"thesis-2", KindSDK, harness.SystemMochi},
 			{"thesis-1", KindTimerReporter, "luffymq-adaptive"},
 		}},
 	}
@@ -98,7 +100,7 @@ func kindRun(kind, system string, repeat int, mean float64) RunResult {
 	r := run(system, repeat, mean, mean, 0)
 	r.Subscriber = kind
 	r.Params = ScenarioParams{GapMs: 10, DurationS: 15, Members: []string{"25ms", "25ms", "50ms"}, QoS: kindQoS(Scenario{}, kind),
-		ReportInterval: "1s", PayloadBytes: PayloadSize, Messages: 1500}
+		ReportInterval: "1s", PayloadBytes: harness.PayloadSize, Messages: 1500}
 	return r
 }
 
@@ -107,14 +109,14 @@ func TestSummaryKeysResultsByKind(t *testing.T) {
 	runs := []RunResult{
 		kindRun(KindSDK, "luffymq-adaptive", 1, 3),
 		kindRun(KindSDK, "luffymq-adaptive", 2, 5),
-		kindRun(KindSDK, SystemOracle, 1, 2),
+		kindRun(KindSDK, harness.SystemOracle, 1, 2),
 		kindRun(KindTimerReporter, "luffymq-adaptive", 1, 90),
-		kindRun(KindTimerReporter, SystemOracle, 1, 2),
+		kindRun(KindTimerReporter, harness.SystemOracle, 1, 2),
 		kindRun(KindPahoQoS1AckAfter, "luffymq-adaptive", 1, 30),
 	}
-	legacy := kindRun("", SystemMosquitto, 1, 1600) // no kind: an sdk run
+	legacy := kindRun("", harness.SystemMosquitto, 1, 1600) // no kind: an sdk run
 	runs = append(runs, legacy)
-	require.NoError(t, writeJSON(filepath.Join(dir, "results.json"), (&SharedResults{Runs: runs}).finite()))
+	require.NoError(t, harness.WriteJSON(filepath.Join(dir, "results.json"), (&SharedResults{Runs: runs}).finite()))
 	require.NoError(t, WriteSummary(dir))
 	data, err := os.ReadFile(filepath.Join(dir, "summary.md"))
 	require.NoError(t, err)
@@ -185,7 +187,7 @@ func TestMedianTable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Median(tt.values)
+			got := harness.Median(tt.values)
 			if math.IsNaN(tt.want) {
 				require.True(t, math.IsNaN(got), "got %v", got)
 				return
@@ -225,16 +227,16 @@ func TestAggregateRecoveryMedianCountsNeverAsWorst(t *testing.T) {
 // TestLuffymqSelectionArgs: every luffymq system maps to flags the broker
 // accepts; adaptive-hold is adaptive with late binding.
 func TestLuffymqSelectionArgs(t *testing.T) {
-	require.Equal(t, []string{"--strategy", "thesis"}, luffymqSelectionArgs("luffymq-thesis"))
-	require.Equal(t, []string{"--strategy", "adaptive", "--hold-lead", "5ms"}, luffymqSelectionArgs("luffymq-adaptive-hold"))
-	all, err := ParseSystems("adaptive-hold,mosquitto")
+	require.Equal(t, []string{"--strategy", "thesis"}, harness.LuffyMQSelectionArgs("luffymq-thesis"))
+	require.Equal(t, []string{"--strategy", "adaptive", "--hold-lead", "5ms"}, harness.LuffyMQSelectionArgs("luffymq-adaptive-hold"))
+	all, err := harness.ParseSystems("adaptive-hold,mosquitto")
 	require.NoError(t, err)
-	require.Equal(t, []string{"luffymq-adaptive-hold", SystemMosquitto}, all)
-	for _, system := range AllSystems() {
+	require.Equal(t, []string{"luffymq-adaptive-hold", harness.SystemMosquitto}, all)
+	for _, system := range harness.AllSystems() {
 		if !strings.HasPrefix(system, "luffymq-") {
 			continue
 		}
-		args := luffymqSelectionArgs(system)
+		args := harness.LuffyMQSelectionArgs(system)
 		cfg, err := broker.LoadConfig(args, nil, nil, nil)
 		require.NoError(t, err, system)
 		require.NotEmpty(t, cfg.Strategy, system)

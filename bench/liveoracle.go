@@ -12,6 +12,8 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 // liveOracleHook picks shared-group members for SystemLiveOracle.
@@ -41,7 +43,7 @@ func (h *liveOracleHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.
 	h.mu.Lock()
 	run, prefix := h.run, h.idPrefix
 	h.mu.Unlock()
-	seq, _, ok := decodePayload(pk.Payload)
+	seq, _, ok := harness.DecodePayload(pk.Payload)
 	if run == nil || !ok {
 		return subs // not a benchmark message: Mochi's own choice
 	}
@@ -78,16 +80,16 @@ func (h *liveOracleHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.
 
 // liveOracleBroker is the in-process broker of SystemLiveOracle.
 type liveOracleBroker struct {
-	*mochiBroker
+	*harness.MochiBroker
 	hook *liveOracleHook
 }
 
 // attach hands the hook the run whose members it routes to.
 func (b *liveOracleBroker) attach(run *liveRun, idPrefix string) { b.hook.attach(run, idPrefix) }
 
-// startLiveOracleBroker is brokerStarter.LiveOracle: the live oracle,
+// startLiveOracleBroker is BrokerStarter.LiveOracle: the live oracle,
 // logging to logPath.
-func startLiveOracleBroker(logPath string) (runningBroker, error) {
+func startLiveOracleBroker(logPath string) (harness.RunningBroker, error) {
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("live oracle log: %w", err)
@@ -102,11 +104,11 @@ func startLiveOracleBroker(logPath string) (runningBroker, error) {
 
 func startLiveOracle(logger *slog.Logger) (*liveOracleBroker, error) {
 	hook := new(liveOracleHook)
-	br, err := startVanillaMochi("127.0.0.1:0", logger, hook)
+	br, err := harness.StartVanillaMochi("127.0.0.1:0", logger, hook)
 	if err != nil {
 		return nil, err
 	}
-	return &liveOracleBroker{mochiBroker: br, hook: hook}, nil
+	return &liveOracleBroker{MochiBroker: br, hook: hook}, nil
 }
 
 // closingWith is a running broker that also closes something of its own

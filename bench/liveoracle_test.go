@@ -5,11 +5,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/luffymq/luffymq/clientsdk"
-
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
+	"github.com/luffymq/luffymq/clientsdk"
 )
 
 func TestLiveOracleRoutesOnTrueStateAndBooks(t *testing.T) {
@@ -31,7 +32,7 @@ func TestLiveOracleRoutesOnTrueStateAndBooks(t *testing.T) {
 			},
 			SharedSelected: map[string]packets.Subscription{},
 		}
-		subs = h.OnSelectSubscribers(subs, packets.Packet{Payload: encodePayload(seq, time.Now())})
+		subs = h.OnSelectSubscribers(subs, packets.Packet{Payload: harness.EncodePayload(seq, time.Now())})
 		require.Len(t, subs.SharedSelected, 1)
 		for id := range subs.SharedSelected {
 			return id
@@ -55,7 +56,7 @@ func TestLiveOracleRoutesOnTrueStateAndBooks(t *testing.T) {
 	w.mu.Unlock()
 	require.Equal(t, 10*ms, booked)
 	before := time.Now()
-	_, err := w.serve(context.Background(), encodePayload(2, before), before)
+	_, err := w.serve(context.Background(), harness.EncodePayload(2, before), before)
 	require.NoError(t, err)
 	w.mu.Lock()
 	require.Equal(t, pendingBefore-booked, w.pending)

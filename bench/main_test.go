@@ -1,5 +1,9 @@
 package bench
 
-import "testing"
+import (
+	"testing"
 
-func TestMain(m *testing.M) { testMainWithMochi(m) }
+	"github.com/luffymq/luffymq/bench/internal/harness"
+)
+
+func TestMain(m *testing.M) { harness.TestMain(m) }

@@ -3,6 +3,8 @@ package bench
 import (
 	"sort"
 	"time"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 // Delivery is one message taken for processing by a member: the unit every
@@ -126,10 +128,10 @@ func RollingP99(ds []Delivery, w, step time.Duration) []TimePoint {
 		}
 		vals := make([]float64, 0, hi-lo)
 		for _, d := range s[lo:hi] {
-			vals = append(vals, ms(d.Latency()))
+			vals = append(vals, harness.Millis(d.Latency()))
 		}
 		sort.Float64s(vals)
-		out = append(out, TimePoint{T: end.Seconds(), V: Percentile(vals, 99)})
+		out = append(out, TimePoint{T: end.Seconds(), V: harness.Percentile(vals, 99)})
 	}
 	return out
 }

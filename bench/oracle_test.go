@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 func TestOracleHandComputedTraces(t *testing.T) {
@@ -73,7 +75,7 @@ func TestOracleThesis2IsStableAtFullUtilisation(t *testing.T) {
 	require.Len(t, trace, 1500)
 	ds := Oracle(s, trace)
 	require.Len(t, ds, 1500)
-	r := buildResult(s, KindSDK, SystemOracle, 1, trace, len(trace), 1, ds)
+	r := buildResult(s, KindSDK, harness.SystemOracle, 1, trace, len(trace), 1, ds)
 	// Capacity equals the arrival rate: the earliest-start policy keeps the
 	// queueing delay bounded by one slow service time.
 	require.LessOrEqual(t, r.Overall.Max, 50.0)
@@ -92,14 +94,14 @@ func TestPoissonTraceIsReproducible(t *testing.T) {
 }
 
 func TestParseSystems(t *testing.T) {
-	got, err := ParseSystems("oracle,adaptive,mosquitto,luffymq-thesis")
+	got, err := harness.ParseSystems("oracle,adaptive,mosquitto,luffymq-thesis")
 	require.NoError(t, err)
 	require.Equal(t, []string{"luffymq-adaptive", "luffymq-thesis", "mosquitto", "oracle"}, got)
-	_, err = ParseSystems("adaptive,rabbit")
+	_, err = harness.ParseSystems("adaptive,rabbit")
 	require.ErrorContains(t, err, `unknown system "rabbit"`)
-	all, err := ParseSystems("")
+	all, err := harness.ParseSystems("")
 	require.NoError(t, err)
-	require.Equal(t, AllSystems(), all)
+	require.Equal(t, harness.AllSystems(), all)
 }
 
 func TestOracleWithDelays(t *testing.T) {

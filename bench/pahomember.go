@@ -14,6 +14,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/eclipse/paho.golang/paho/log"
 
+	"github.com/luffymq/luffymq/bench/internal/harness"
 	"github.com/luffymq/luffymq/clientsdk/report"
 )
 
@@ -67,7 +68,7 @@ type pahoMember struct {
 }
 
 func newPahoMember(cfg pahoMemberConfig) (*pahoMember, error) {
-	m := &pahoMember{cfg: cfg, queue: make(chan queuedMsg, pahoQueueCapacity), workerDone: make(chan struct{})}
+	m := &pahoMember{cfg: cfg, queue: make(chan queuedMsg, harness.PahoQueueCapacity), workerDone: make(chan struct{})}
 	switch cfg.Kind {
 	case KindThesisReporter:
 		m.pinger = newThesisPinger(m.takeReport, true)
@@ -158,7 +159,7 @@ func (m *pahoMember) Start(ctx context.Context) error {
 	if m.pinger != nil {
 		cc.PingHandler = m.pinger
 	}
-	client, ca, err := pahoDial(ctx, m.cfg.Addr, m.cfg.ClientID, cc)
+	client, ca, err := harness.PahoDial(ctx, m.cfg.Addr, m.cfg.ClientID, cc)
 	if err != nil {
 		return err
 	}

@@ -13,10 +13,12 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 // subscriberColors are used for per-subscriber bars.
-var subscriberColors = []color.Color{palette[0], palette[1], palette[2], palette[3], palette[4]}
+var subscriberColors = []color.Color{harness.Palette[0], harness.Palette[1], harness.Palette[2], harness.Palette[3], harness.Palette[4]}
 
 func shortName(system string) string {
 	return strings.TrimPrefix(system, "luffymq-")
@@ -25,7 +27,7 @@ func shortName(system string) string {
 // legendName is a system's name in plot legends; the oracle is named for
 // what it is.
 func legendName(system string) string {
-	if system == SystemOracle {
+	if system == harness.SystemOracle {
 		return OracleName
 	}
 	return shortName(system)
@@ -34,7 +36,7 @@ func legendName(system string) string {
 // categoryName is a system's label on a category axis, where the oracle's
 // full name does not fit: it gets a mark that oracleFootnote explains.
 func categoryName(system string) string {
-	if system == SystemOracle {
+	if system == harness.SystemOracle {
 		return "oracle*"
 	}
 	return shortName(system)
@@ -99,8 +101,8 @@ func plotKinds(dir string, s Scenario, all []RunResult) error {
 			}
 		}
 	}
-	sort.Slice(systems, func(i, j int) bool { return systemOrder(systems[i]) < systemOrder(systems[j]) })
-	p := newPlot(fmt.Sprintf("%s: mean queueing latency by subscriber kind (median of runs)", s.ID), "system", "mean latency (ms, log scale)")
+	sort.Slice(systems, func(i, j int) bool { return harness.SystemOrder(systems[i]) < harness.SystemOrder(systems[j]) })
+	p := harness.NewPlot(fmt.Sprintf("%s: mean queueing latency by subscriber kind (median of runs)", s.ID), "system", "mean latency (ms, log scale)")
 	names := make([]string, len(systems))
 	lo, hi := math.Inf(1), 0.0
 	for i, sys := range systems {
@@ -111,7 +113,7 @@ func plotKinds(dir string, s Scenario, all []RunResult) error {
 			}
 		}
 	}
-	floor := floorPow10(lo)
+	floor := harness.FloorPow10(lo)
 	n := len(kinds)
 	w := vg.Points(min(64/float64(n), 18))
 	for j, k := range kinds {
@@ -122,13 +124,13 @@ func plotKinds(dir string, s Scenario, all []RunResult) error {
 				vals[i] = a.Overall.Mean
 			}
 		}
-		b := &logBars{Values: vals, Floor: floor, Width: w, Offset: w * vg.Length(float64(j)-float64(n-1)/2), Color: subscriberColors[j%len(subscriberColors)]}
+		b := &harness.LogBars{Values: vals, Floor: floor, Width: w, Offset: w * vg.Length(float64(j)-float64(n-1)/2), Color: subscriberColors[j%len(subscriberColors)]}
 		p.Add(b)
 		p.Legend.Add(k+" subscribers", b)
 	}
-	logAxis(p, floor, ceilPow10(hi)*8)
-	categoryAxis(p, names)
-	p.Title.Text += "\n(a missing bar is a mean below " + trimFloat(floor) + " ms; " + oracleFootnote + ")"
+	harness.LogAxis(p, floor, harness.CeilPow10(hi)*8)
+	harness.CategoryAxis(p, names)
+	p.Title.Text += "\n(a missing bar is a mean below " + harness.TrimFloat(floor) + " ms; " + oracleFootnote + ")"
 	return p.Save(vg.Length(max(8, 1.3*float64(len(systems))))*vg.Inch, 4.8*vg.Inch, filepath.Join(dir, kindsPlotFile(s.ID)))
 }
 
@@ -139,7 +141,7 @@ func memberLabel(s Scenario, i int) string {
 // plotSubscriberMeans is thesis fig. 44: mean latency per subscriber, per
 // system, log scale.
 func plotSubscriberMeans(path string, s Scenario, kind string, aggs []aggregate) error {
-	p := newPlot(fmt.Sprintf("%s, %s subscribers: mean queueing latency per subscriber (median of runs)", s.ID, kind), "system", "mean latency (ms, log scale)")
+	p := harness.NewPlot(fmt.Sprintf("%s, %s subscribers: mean queueing latency per subscriber (median of runs)", s.ID, kind), "system", "mean latency (ms, log scale)")
 	names := make([]string, len(aggs))
 	lo, hi := math.Inf(1), 0.0
 	for i, a := range aggs {
@@ -150,7 +152,7 @@ func plotSubscriberMeans(path string, s Scenario, kind string, aggs []aggregate)
 			}
 		}
 	}
-	floor := floorPow10(lo)
+	floor := harness.FloorPow10(lo)
 	n := len(s.Members)
 	w := vg.Points(min(60/float64(n), 18))
 	for j := range n {
@@ -161,19 +163,19 @@ func plotSubscriberMeans(path string, s Scenario, kind string, aggs []aggregate)
 				vals[i] = a.SubMean[j]
 			}
 		}
-		b := &logBars{Values: vals, Floor: floor, Width: w, Offset: w * vg.Length(float64(j)-float64(n-1)/2), Color: subscriberColors[j%len(subscriberColors)]}
+		b := &harness.LogBars{Values: vals, Floor: floor, Width: w, Offset: w * vg.Length(float64(j)-float64(n-1)/2), Color: subscriberColors[j%len(subscriberColors)]}
 		p.Add(b)
 		p.Legend.Add(memberLabel(s, j), b)
 	}
-	logAxis(p, floor, ceilPow10(hi)*8) // headroom for the legend
-	categoryAxis(p, names)
-	p.Title.Text += "\n(a missing bar is a mean below " + trimFloat(floor) + " ms; " + oracleFootnote + ")"
+	harness.LogAxis(p, floor, harness.CeilPow10(hi)*8) // headroom for the legend
+	harness.CategoryAxis(p, names)
+	p.Title.Text += "\n(a missing bar is a mean below " + harness.TrimFloat(floor) + " ms; " + oracleFootnote + ")"
 	return p.Save(vg.Length(max(8, 1.1*float64(len(aggs))))*vg.Inch, 4.5*vg.Inch, path)
 }
 
 // plotRates is thesis fig. 45: messages per second per subscriber.
 func plotRates(path string, s Scenario, kind string, aggs []aggregate) error {
-	p := newPlot(fmt.Sprintf("%s, %s subscribers: messages per second taken by each subscriber\n(%s)", s.ID, kind, oracleFootnote), "system", "messages per second")
+	p := harness.NewPlot(fmt.Sprintf("%s, %s subscribers: messages per second taken by each subscriber\n(%s)", s.ID, kind, oracleFootnote), "system", "messages per second")
 	names := make([]string, len(aggs))
 	for i, a := range aggs {
 		names[i] = categoryName(a.System)
@@ -197,7 +199,7 @@ func plotRates(path string, s Scenario, kind string, aggs []aggregate) error {
 		p.Add(b)
 		p.Legend.Add(memberLabel(s, j), b)
 	}
-	categoryAxis(p, names)
+	harness.CategoryAxis(p, names)
 	p.Y.Min = 0
 	p.Y.Max *= 1.55 // room for the legend
 	return p.Save(vg.Length(max(8, 1.1*float64(len(aggs))))*vg.Inch, 4.5*vg.Inch, path)
@@ -216,7 +218,7 @@ func overTimeSystems(runs []RunResult) []string {
 		}
 	}
 	if len(out) == 0 {
-		for _, s := range AllSystems() {
+		for _, s := range harness.AllSystems() {
 			if have[s] {
 				out = append(out, s)
 			}
@@ -240,7 +242,7 @@ func firstRun(runs []RunResult, system string) *RunResult {
 // plotOverTime is thesis fig. 47: latency of every message by publish time.
 func plotOverTime(path string, s Scenario, kind string, runs []RunResult) error {
 	systems := overTimeSystems(runs)
-	p := newPlot(fmt.Sprintf("%s, %s subscribers: latency of each message (first run of each system)", s.ID, kind), "publish time (s)", "latency (ms)")
+	p := harness.NewPlot(fmt.Sprintf("%s, %s subscribers: latency of each message (first run of each system)", s.ID, kind), "publish time (s)", "latency (ms)")
 	const floor = 0.01
 	lo, hi := math.Inf(1), 0.0
 	type series struct {
@@ -255,7 +257,7 @@ func plotOverTime(path string, s Scenario, kind string, runs []RunResult) error 
 		}
 		pts := make(plotter.XYs, len(r.Deliveries))
 		for i, d := range r.Deliveries {
-			v := math.Max(ms(d.Latency()), floor)
+			v := math.Max(harness.Millis(d.Latency()), floor)
 			pts[i] = plotter.XY{X: d.Sent.Seconds(), Y: v}
 			lo, hi = math.Min(lo, v), math.Max(hi, v)
 		}
@@ -269,12 +271,12 @@ func plotOverTime(path string, s Scenario, kind string, runs []RunResult) error 
 		}
 		sc.GlyphStyle.Radius = vg.Points(1.2)
 		sc.GlyphStyle.Shape = draw.CircleGlyph{}
-		sc.GlyphStyle.Color = systemColor(se.name)
+		sc.GlyphStyle.Color = harness.SystemColor(se.name)
 		p.Add(sc)
 		p.Legend.Add(legendName(se.name), sc)
 	}
 	if logScale {
-		logAxis(p, floorPow10(math.Max(lo, floor)), ceilPow10(hi)*4)
+		harness.LogAxis(p, harness.FloorPow10(math.Max(lo, floor)), harness.CeilPow10(hi)*4)
 		p.Y.Label.Text = "latency (ms, log scale)"
 	} else {
 		p.Y.Min = 0
@@ -304,7 +306,7 @@ func addEventLine(p *plot.Plot, s Scenario) {
 
 // plotAdaptation plots the rolling p99 over time (step, join, crash).
 func plotAdaptation(path string, s Scenario, kind string, runs []RunResult) error {
-	p := newPlot(fmt.Sprintf("%s, %s subscribers: rolling p99 latency (%.0f ms windows by publish time, every %.0f ms; first run)", s.ID, kind, ms(adaptationWindow), ms(adaptationStep)), "publish time (s)", "p99 latency (ms, log scale)")
+	p := harness.NewPlot(fmt.Sprintf("%s, %s subscribers: rolling p99 latency (%.0f ms windows by publish time, every %.0f ms; first run)", s.ID, kind, harness.Millis(adaptationWindow), harness.Millis(adaptationStep)), "publish time (s)", "p99 latency (ms, log scale)")
 	const floor = 0.1
 	lo, hi := math.Inf(1), 0.0
 	var systems []string
@@ -315,7 +317,7 @@ func plotAdaptation(path string, s Scenario, kind string, runs []RunResult) erro
 			systems = append(systems, r.System)
 		}
 	}
-	sort.Slice(systems, func(i, j int) bool { return systemOrder(systems[i]) < systemOrder(systems[j]) })
+	sort.Slice(systems, func(i, j int) bool { return harness.SystemOrder(systems[i]) < harness.SystemOrder(systems[j]) })
 	type series struct {
 		name string
 		pts  plotter.XYs
@@ -345,12 +347,12 @@ func plotAdaptation(path string, s Scenario, kind string, runs []RunResult) erro
 		if err != nil {
 			return err
 		}
-		l.Color = systemColor(se.name)
+		l.Color = harness.SystemColor(se.name)
 		l.Width = vg.Points(1.5)
 		p.Add(l)
 		p.Legend.Add(legendName(se.name), l)
 	}
-	logAxis(p, floorPow10(math.Max(lo, floor)), ceilPow10(hi)*8)
+	harness.LogAxis(p, harness.FloorPow10(math.Max(lo, floor)), harness.CeilPow10(hi)*8)
 	p.X.Min, p.X.Max = 0, maxT
 	p.X.Tick.Marker = secondTicks{}
 	limit, _ := plotter.NewLine(plotter.XYs{{X: 0, Y: adaptationLimit}, {X: maxT, Y: adaptationLimit}})
@@ -364,7 +366,7 @@ func plotAdaptation(path string, s Scenario, kind string, runs []RunResult) erro
 
 // plotThroughput draws msgs/s per test and system.
 func plotThroughput(path string, tp *ThroughputResults) error {
-	p := newPlot("Broker throughput (median msgs/s delivered; no bar: stalled in every run)", "test", "messages per second")
+	p := harness.NewPlot("Broker throughput (median msgs/s delivered; no bar: stalled in every run)", "test", "messages per second")
 	names := make([]string, len(ThroughputTests))
 	for i, t := range ThroughputTests {
 		names[i] = t.ID
@@ -391,12 +393,12 @@ func plotThroughput(path string, tp *ThroughputResults) error {
 			return err
 		}
 		b.Offset = w * vg.Length(float64(j)-float64(n-1)/2)
-		b.Color = systemColor(sys)
+		b.Color = harness.SystemColor(sys)
 		b.LineStyle.Width = 0
 		p.Add(b)
 		p.Legend.Add(sys, b)
 	}
-	categoryAxis(p, names)
+	harness.CategoryAxis(p, names)
 	p.Y.Min = 0
 	p.Y.Max *= 1.35
 	return p.Save(8*vg.Inch, 4.5*vg.Inch, path)
@@ -415,7 +417,7 @@ func (secondTicks) Ticks(min, max float64) []plot.Tick {
 	}
 	var ts []plot.Tick
 	for v := math.Ceil(min/step) * step; v <= max; v += step {
-		ts = append(ts, plot.Tick{Value: v, Label: trimFloat(v)})
+		ts = append(ts, plot.Tick{Value: v, Label: harness.TrimFloat(v)})
 	}
 	return ts
 }

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"time"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 // Emulation describes the service emulation every live run uses.
@@ -9,9 +11,9 @@ const Emulation = "clientsdk.ServiceEmulator: drift-free virtual schedule (a wai
 
 // SharedResults is the content of results.json for set A.
 type SharedResults struct {
-	Generated time.Time   `json:"generated"`
-	Machine   MachineInfo `json:"machine"`
-	Emulation string      `json:"emulation"`
+	Generated time.Time           `json:"generated"`
+	Machine   harness.MachineInfo `json:"machine"`
+	Emulation string              `json:"emulation"`
 	// Latency defines the measured quantity.
 	Latency string      `json:"latency"`
 	Notes   []string    `json:"notes,omitempty"`
@@ -20,7 +22,7 @@ type SharedResults struct {
 
 // loadShared reads an existing results.json, or returns nil.
 func loadShared(path string) (*SharedResults, error) {
-	return loadJSON[SharedResults](path)
+	return harness.LoadJSON[SharedResults](path)
 }
 
 // finite returns a copy of the results for JSON, which has no NaN: NaN statistics
@@ -29,10 +31,10 @@ func (x *SharedResults) finite() *SharedResults {
 	c := *x
 	c.Runs = make([]RunResult, len(x.Runs))
 	for i, r := range x.Runs {
-		r.Overall = r.Overall.finite()
+		r.Overall = r.Overall.Finite()
 		ps := make([]SubscriberResult, len(r.PerSub))
 		for j, s := range r.PerSub {
-			s.LatencyStats = s.LatencyStats.finite()
+			s.LatencyStats = s.LatencyStats.Finite()
 			ps[j] = s
 		}
 		r.PerSub = ps

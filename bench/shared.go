@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/luffymq/luffymq/bench/internal/harness"
 	"github.com/luffymq/luffymq/clientsdk"
 	"github.com/luffymq/luffymq/internal/timeutil"
 )
@@ -21,7 +22,7 @@ import (
 type SubscriberResult struct {
 	Member  int    `json:"member"` // 1-based, as in scenarios.md
 	Service string `json:"service"`
-	LatencyStats
+	harness.LatencyStats
 	MsgsPerSec float64 `json:"msgs_per_sec"`
 	// ReportVia is the report channel the member used at the end
 	// ("publish" after the SDK's fallback from extended PINGREQs, "none"
@@ -36,16 +37,16 @@ type RunResult struct {
 	Scenario string `json:"scenario"`
 	// Subscriber is the subscriber kind (KindSDK, …); for the oracle, the
 	// kind whose runs it is the reference of.
-	Subscriber string             `json:"subscriber"`
-	System     string             `json:"system"`
-	Repeat     int                `json:"repeat"`
-	Params     ScenarioParams     `json:"parameters"`
-	Overall    LatencyStats       `json:"overall"`
-	PerSub     []SubscriberResult `json:"per_subscriber"`
-	Sent       int                `json:"sent"`
-	Dequeued   int                `json:"dequeued"` // distinct messages taken for processing
-	Lost       int                `json:"lost"`
-	Duplicated int                `json:"duplicated"`
+	Subscriber string               `json:"subscriber"`
+	System     string               `json:"system"`
+	Repeat     int                  `json:"repeat"`
+	Params     ScenarioParams       `json:"parameters"`
+	Overall    harness.LatencyStats `json:"overall"`
+	PerSub     []SubscriberResult   `json:"per_subscriber"`
+	Sent       int                  `json:"sent"`
+	Dequeued   int                  `json:"dequeued"` // distinct messages taken for processing
+	Lost       int                  `json:"lost"`
+	Duplicated int                  `json:"duplicated"`
 	// DrainTimedOut says the run stopped waiting before every message was
 	// dequeued.
 	DrainTimedOut bool    `json:"drain_timed_out,omitempty"`
@@ -91,8 +92,8 @@ type ScenarioParams struct {
 }
 
 func paramsOf(s Scenario, kind string, msgs int, seed uint64) ScenarioParams {
-	p := ScenarioParams{GapMs: ms(s.Gap), Poisson: s.Poisson, DurationS: s.Duration.Seconds(), QoS: kindQoS(s, kind),
-		ReportInterval: s.ReportInterval.String(), PayloadBytes: PayloadSize, Messages: msgs, Seed: seed, Notes: s.Notes}
+	p := ScenarioParams{GapMs: harness.Millis(s.Gap), Poisson: s.Poisson, DurationS: s.Duration.Seconds(), QoS: kindQoS(s, kind),
+		ReportInterval: s.ReportInterval.String(), PayloadBytes: harness.PayloadSize, Messages: msgs, Seed: seed, Notes: s.Notes}
 	for _, m := range s.Members {
 		p.Members = append(p.Members, m.describe())
 	}
@@ -138,22 +139,22 @@ func buildResult(s Scenario, kind, system string, repeat int, trace []time.Durat
 	per := make([][]float64, len(s.Members))
 	var overall []float64
 	for _, d := range first {
-		v := ms(d.Latency())
+		v := harness.Millis(d.Latency())
 		overall = append(overall, v)
 		if d.Member >= 0 && d.Member < len(per) {
 			per[d.Member] = append(per[d.Member], v)
 		}
 		span = max(span, d.Start)
 	}
-	r.Overall = Summarise(overall)
+	r.Overall = harness.Summarise(overall)
 	// A system that holds messages back on purpose (late binding) makes
 	// its policy's waits look like delivery delays: no such replay.
-	if measured := DeliveryDelays(first, len(trace)); len(trace) > 0 && len(first) > 0 && first[0].Ready > 0 && system != SystemAdaptiveHold {
+	if measured := DeliveryDelays(first, len(trace)); len(trace) > 0 && len(first) > 0 && first[0].Ready > 0 && system != harness.SystemAdaptiveHold {
 		var lat []float64
 		for _, d := range OracleWithDelays(s, trace, measured) {
-			lat = append(lat, ms(d.Latency()))
+			lat = append(lat, harness.Millis(d.Latency()))
 		}
-		r.OracleSameDelaysMean = Summarise(lat).Mean
+		r.OracleSameDelaysMean = harness.Summarise(lat).Mean
 	}
 	var oracle []Delivery
 	if s.EventAt > 0 && len(trace) > 0 {
@@ -161,7 +162,7 @@ func buildResult(s Scenario, kind, system string, repeat int, trace []time.Durat
 	}
 	r.Adaptation = adaptation(s, first, oracle)
 	for i, m := range s.Members {
-		sr := SubscriberResult{Member: i + 1, Service: m.describe(), LatencyStats: Summarise(per[i])}
+		sr := SubscriberResult{Member: i + 1, Service: m.describe(), LatencyStats: harness.Summarise(per[i])}
 		if span > 0 {
 			sr.MsgsPerSec = float64(len(per[i])) / span.Seconds()
 		}
@@ -172,7 +173,7 @@ func buildResult(s Scenario, kind, system string, repeat int, trace []time.Durat
 
 // sharedOptions are the knobs of live runs.
 type sharedOptions struct {
-	brokers      brokerStarter
+	brokers      harness.BrokerStarter
 	drainTimeout time.Duration
 	logDir       string
 	// ackInterval is paho's SendAcksInterval for the paho kinds at QoS 1
@@ -255,7 +256,7 @@ func (w *memberWorker) book(seq int, start time.Time) {
 // received) at ready, for the member's service time at its start, and
 // returns that service time.
 func (w *memberWorker) serve(ctx context.Context, payload []byte, ready time.Time) (time.Duration, error) {
-	seq, sentAt, ok := decodePayload(payload)
+	seq, sentAt, ok := harness.DecodePayload(payload)
 	if !ok {
 		return 0, nil
 	}
@@ -346,7 +347,7 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 	defer logFile.Close()
 	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))
 
-	br, err := o.brokers.start(ctx, system, s.ReportInterval, logName)
+	br, err := o.brokers.Start(ctx, system, s.ReportInterval, logName)
 	if err != nil {
 		return RunResult{}, err
 	}
@@ -365,7 +366,7 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 	var (
 		membersMu sync.Mutex
 		members   = make([]liveMember, len(s.Members))
-		prox      = make([]*tcpRelay, len(s.Members))
+		prox      = make([]*harness.TCPRelay, len(s.Members))
 	)
 	crash := false
 	for _, m := range s.Members {
@@ -375,7 +376,7 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 	newMember := func(i int) (liveMember, error) {
 		addr := br.Addr()
 		if crash {
-			p, err := newTCPRelay(br.Addr())
+			p, err := harness.NewTCPRelay(br.Addr())
 			if err != nil {
 				return nil, err
 			}
@@ -536,7 +537,7 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 		now := time.Now()
 		maxLag = max(maxLag, now.Sub(t0.Add(off)))
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := pub.Publish(qctx, topic, encodePayload(seq, now), clientsdk.PublishOptions{QoS: qos})
+		err := pub.Publish(qctx, topic, harness.EncodePayload(seq, now), clientsdk.PublishOptions{QoS: qos})
 		cancel()
 		if err != nil {
 			pubErrs++
@@ -610,15 +611,15 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 		r.PerSub[i].ReportsSent = stats[i].ReportsSent
 	}
 	r.DrainTimedOut = timedOut
-	r.PublisherMaxLagMs = ms(maxLag)
+	r.PublisherMaxLagMs = harness.Millis(maxLag)
 	if maxLag > 100*time.Millisecond {
-		lr.note("the publisher fell up to %.0f ms behind its schedule (the broker held its PUBLISHes back); latency counts from the scheduled publish time", ms(maxLag))
+		lr.note("the publisher fell up to %.0f ms behind its schedule (the broker held its PUBLISHes back); latency counts from the scheduled publish time", harness.Millis(maxLag))
 	}
 	if timedOut {
 		lr.note("drain timed out after %s with %d messages not dequeued", o.drainTimeout, r.Lost)
 	}
 	reports := kind == KindSDK || kind == KindThesisReporter || kind == KindTimerReporter
-	if reports && len(via) == 0 && len(lost) == 0 && (system == SystemMosquitto || system == SystemMochi) {
+	if reports && len(via) == 0 && len(lost) == 0 && (system == harness.SystemMosquitto || system == harness.SystemMochi) {
 		lr.note("%s accepted the extended PINGREQs (PINGRESP, no disconnection) and ignored the reports", system)
 	}
 	if len(via) > 0 {

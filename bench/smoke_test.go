@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/luffymq/luffymq/bench/internal/harness"
 	"github.com/luffymq/luffymq/internal/testenv"
 )
 
@@ -26,7 +27,7 @@ func TestSharedPipelineSmoke(t *testing.T) {
 	defer cancel()
 	err := RunShared(ctx, SharedConfig{
 		Scenarios: []string{"thesis-1"}, Out: out, Duration: 2 * time.Second, Repeat: 1,
-		Systems: []string{"luffymq-adaptive", SystemOracle}, DrainTimeout: 20 * time.Second,
+		Systems: []string{"luffymq-adaptive", harness.SystemOracle}, DrainTimeout: 20 * time.Second,
 	})
 	require.NoError(t, err)
 	res := checkOutputs(t, out, "thesis-1", KindSDK)
@@ -57,7 +58,7 @@ func TestSharedPipelineMosquittoSmoke(t *testing.T) {
 	defer cancel()
 	err := RunShared(ctx, SharedConfig{
 		Scenarios: []string{"thesis-2"}, Out: out, Duration: time.Second, Repeat: 1,
-		Systems: []string{SystemMosquitto, SystemMochi}, DrainTimeout: 20 * time.Second,
+		Systems: []string{harness.SystemMosquitto, harness.SystemMochi}, DrainTimeout: 20 * time.Second,
 	})
 	require.NoError(t, err)
 	res := checkOutputs(t, out, "thesis-2", KindSDK)
@@ -103,7 +104,7 @@ func TestSharedPipelinePahoKindsSmoke(t *testing.T) {
 	kinds := []string{KindThesisReporter, KindPahoQoS1AckAfter}
 	err := RunShared(ctx, SharedConfig{
 		Scenarios: []string{"thesis-1"}, Out: out, Duration: 2 * time.Second, Repeat: 1,
-		Systems: []string{"luffymq-adaptive", SystemOracle}, Subscribers: kinds, DrainTimeout: 20 * time.Second,
+		Systems: []string{"luffymq-adaptive", harness.SystemOracle}, Subscribers: kinds, DrainTimeout: 20 * time.Second,
 	})
 	require.NoError(t, err)
 	var res SharedResults
@@ -118,7 +119,7 @@ func TestSharedPipelinePahoKindsSmoke(t *testing.T) {
 		require.Equal(t, 200, r.Sent, r.key())
 		require.Equal(t, r.Sent, r.Dequeued+r.Lost, r.key())
 		require.Equal(t, 0, r.Duplicated, r.key())
-		if r.System == SystemOracle {
+		if r.System == harness.SystemOracle {
 			continue
 		}
 		for _, s := range r.PerSub {

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/luffymq/luffymq/bench/connections"
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 // aggregate is the medians over repeats of one system in one scenario with
@@ -16,7 +19,7 @@ import (
 type aggregate struct {
 	System     string
 	Runs       int
-	Overall    LatencyStats // medians of each statistic
+	Overall    harness.LatencyStats // medians of each statistic
 	SubMean    []float64
 	SubRate    []float64
 	Lost       float64 // median
@@ -52,7 +55,7 @@ func aggregateRuns(runs []RunResult) []aggregate {
 	for s := range by {
 		systems = append(systems, s)
 	}
-	sort.Slice(systems, func(i, j int) bool { return systemOrder(systems[i]) < systemOrder(systems[j]) })
+	sort.Slice(systems, func(i, j int) bool { return harness.SystemOrder(systems[i]) < harness.SystemOrder(systems[j]) })
 	var out []aggregate
 	for _, sys := range systems {
 		rs := by[sys]
@@ -62,9 +65,9 @@ func aggregateRuns(runs []RunResult) []aggregate {
 			for i, r := range rs {
 				v[i] = f(r)
 			}
-			return Median(v)
+			return harness.Median(v)
 		}
-		a.Overall = LatencyStats{
+		a.Overall = harness.LatencyStats{
 			Count: int(col(func(r RunResult) float64 { return float64(r.Overall.Count) })),
 			Mean:  col(func(r RunResult) float64 { return r.Overall.Mean }),
 			P50:   col(func(r RunResult) float64 { return r.Overall.P50 }),
@@ -141,7 +144,7 @@ func aggregateRuns(runs []RunResult) []aggregate {
 			})
 		}
 		a.OracleDelays = ownDelays(func(r RunResult) float64 { return r.OracleSameDelaysMean })
-		a.DelayRatio = ownDelays(func(r RunResult) float64 { return Ratio(r.Overall.Mean, r.OracleSameDelaysMean) })
+		a.DelayRatio = ownDelays(func(r RunResult) float64 { return harness.Ratio(r.Overall.Mean, r.OracleSameDelaysMean) })
 		out = append(out, a)
 	}
 	return out
@@ -168,7 +171,7 @@ func findAgg(aggs []aggregate, system string) *aggregate {
 // displaySystem is a system's name in summaries: the oracle is named for
 // what it is.
 func displaySystem(system string) string {
-	if system == SystemOracle {
+	if system == harness.SystemOracle {
 		return OracleName
 	}
 	return system
@@ -178,13 +181,13 @@ func displaySystem(system string) string {
 // subscriber kind.
 func scenarioTable(aggs []aggregate) string {
 	var b strings.Builder
-	mosq, orc := findAgg(aggs, SystemMosquitto), findAgg(aggs, SystemOracle)
+	mosq, orc := findAgg(aggs, harness.SystemMosquitto), findAgg(aggs, harness.SystemOracle)
 	b.WriteString("| system | runs | mean ms | p50 ms | p99 ms | max ms | mean per subscriber ms | msgs/s per subscriber | lost | dup | mean ÷ Mosquitto | mean ÷ oracle | mean ÷ oracle on the run's network |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, a := range aggs {
 		var subs, rates []string
 		for j := range a.SubMean {
-			subs = append(subs, fmtMs(a.SubMean[j]))
+			subs = append(subs, harness.FmtMs(a.SubMean[j]))
 			r := "—"
 			if !math.IsNaN(a.SubRate[j]) {
 				r = fmt.Sprintf("%.1f", a.SubRate[j])
@@ -195,7 +198,7 @@ func scenarioTable(aggs []aggregate) string {
 			if ref == nil {
 				return "—"
 			}
-			return fmtRatio(Ratio(a.Overall.Mean, ref.Overall.Mean))
+			return harness.FmtRatio(harness.Ratio(a.Overall.Mean, ref.Overall.Mean))
 		}
 		lost := fmt.Sprintf("%.0f", a.Lost)
 		if a.LostMax > int(a.Lost) {
@@ -210,10 +213,10 @@ func scenarioTable(aggs []aggregate) string {
 		}
 		ownNetwork := "—"
 		if !math.IsNaN(a.DelayRatio) {
-			ownNetwork = fmtRatio(a.DelayRatio)
+			ownNetwork = harness.FmtRatio(a.DelayRatio)
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			displaySystem(a.System), a.Runs, fmtMs(a.Overall.Mean), fmtMs(a.Overall.P50), fmtMs(a.Overall.P99), fmtMs(a.Overall.Max),
+			displaySystem(a.System), a.Runs, harness.FmtMs(a.Overall.Mean), harness.FmtMs(a.Overall.P50), harness.FmtMs(a.Overall.P99), harness.FmtMs(a.Overall.Max),
 			strings.Join(subs, " / "), strings.Join(rates, " / "), lost, dup, ratio(mosq), ratio(orc), ownNetwork)
 	}
 	return b.String()
@@ -233,7 +236,7 @@ func kindsTable(byKind map[string][]aggregate) string {
 			}
 		}
 	}
-	sort.Slice(systems, func(i, j int) bool { return systemOrder(systems[i]) < systemOrder(systems[j]) })
+	sort.Slice(systems, func(i, j int) bool { return harness.SystemOrder(systems[i]) < harness.SystemOrder(systems[j]) })
 	var b strings.Builder
 	b.WriteString("| system |")
 	for _, k := range kinds {
@@ -248,7 +251,7 @@ func kindsTable(byKind map[string][]aggregate) string {
 		fmt.Fprintf(&b, "| %s |", displaySystem(sys))
 		for _, k := range kinds {
 			if a := findAgg(byKind[k], sys); a != nil {
-				fmt.Fprintf(&b, " %s / %s |", fmtMs(a.Overall.Mean), fmtMs(a.Overall.P99))
+				fmt.Fprintf(&b, " %s / %s |", harness.FmtMs(a.Overall.Mean), harness.FmtMs(a.Overall.P99))
 			} else {
 				b.WriteString(" — |")
 			}
@@ -276,10 +279,10 @@ func sortedKinds[V any](byKind map[string]V) []string {
 // sharedGoals evaluates the set-A goals from aggregated results, keyed by
 // scenario, then subscriber kind; each goal is evaluated for every kind
 // the scenario ran with.
-func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
-	var gs []goal
+func sharedGoals(byScenario map[string]map[string][]aggregate) []harness.Goal {
+	var gs []harness.Goal
 	notMeasured := func(text, why string) {
-		gs = append(gs, goal{Text: text, Status: "not measured", Detail: why})
+		gs = append(gs, harness.Goal{Text: text, Status: "not measured", Detail: why})
 	}
 	label := func(id, kind string) string { return fmt.Sprintf("%s (%s subscribers)", id, kind) }
 
@@ -287,7 +290,7 @@ func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 		for _, kind := range sortedKinds(byKind) {
 			aggs := byKind[kind]
 			l := label("thesis-2", kind)
-			ad, th, mq, orc := findAgg(aggs, "luffymq-adaptive"), findAgg(aggs, "luffymq-thesis"), findAgg(aggs, SystemMosquitto), findAgg(aggs, SystemOracle)
+			ad, th, mq, orc := findAgg(aggs, "luffymq-adaptive"), findAgg(aggs, "luffymq-thesis"), findAgg(aggs, harness.SystemMosquitto), findAgg(aggs, harness.SystemOracle)
 			if ad == nil {
 				notMeasured(l+" goals", "luffymq-adaptive was not run")
 				continue
@@ -297,41 +300,41 @@ func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 				// Reports on a 1 s timer leave the broker blind for the
 				// first 0.7 s: the information bound is ~88 ms (issue 10),
 				// and the other goals do not apply.
-				gs = append(gs, goal{l + ": adaptive mean ≤ 97 ms", metIf(m <= 97),
-					fmt.Sprintf("mean %s ms, p99 %s ms (median of %d runs)", fmtMs(m), fmtMs(p), ad.Runs)})
+				gs = append(gs, harness.Goal{Text: l + ": adaptive mean ≤ 97 ms", Status: harness.MetIf(m <= 97),
+					Detail: fmt.Sprintf("mean %s ms, p99 %s ms (median of %d runs)", harness.FmtMs(m), harness.FmtMs(p), ad.Runs)})
 				continue
 			}
-			gs = append(gs, goal{l + ": adaptive mean ≤ 8 ms and p99 ≤ 25 ms", metIf(m <= 8 && p <= 25),
-				fmt.Sprintf("mean %s ms, p99 %s ms (median of %d runs)", fmtMs(m), fmtMs(p), ad.Runs)})
+			gs = append(gs, harness.Goal{Text: l + ": adaptive mean ≤ 8 ms and p99 ≤ 25 ms", Status: harness.MetIf(m <= 8 && p <= 25),
+				Detail: fmt.Sprintf("mean %s ms, p99 %s ms (median of %d runs)", harness.FmtMs(m), harness.FmtMs(p), ad.Runs)})
 			if th != nil {
-				r := Ratio(th.Overall.Mean, m)
-				gs = append(gs, goal{l + ": adaptive mean ≥ 3× lower than thesis", metIf(r >= 3),
-					fmt.Sprintf("thesis %s ms ÷ adaptive %s ms = %s", fmtMs(th.Overall.Mean), fmtMs(m), fmtRatio(r))})
+				r := harness.Ratio(th.Overall.Mean, m)
+				gs = append(gs, harness.Goal{Text: l + ": adaptive mean ≥ 3× lower than thesis", Status: harness.MetIf(r >= 3),
+					Detail: fmt.Sprintf("thesis %s ms ÷ adaptive %s ms = %s", harness.FmtMs(th.Overall.Mean), harness.FmtMs(m), harness.FmtRatio(r))})
 			} else {
 				notMeasured(l+": adaptive mean ≥ 3× lower than thesis", "luffymq-thesis not run")
 			}
 			if mq != nil {
-				r := Ratio(mq.Overall.Mean, m)
-				gs = append(gs, goal{l + ": adaptive mean ≥ 100× lower than Mosquitto", metIf(r >= 100),
-					fmt.Sprintf("Mosquitto %s ms ÷ adaptive %s ms = %s", fmtMs(mq.Overall.Mean), fmtMs(m), fmtRatio(r))})
+				r := harness.Ratio(mq.Overall.Mean, m)
+				gs = append(gs, harness.Goal{Text: l + ": adaptive mean ≥ 100× lower than Mosquitto", Status: harness.MetIf(r >= 100),
+					Detail: fmt.Sprintf("Mosquitto %s ms ÷ adaptive %s ms = %s", harness.FmtMs(mq.Overall.Mean), harness.FmtMs(m), harness.FmtRatio(r))})
 			} else {
 				notMeasured(l+": adaptive mean ≥ 100× lower than Mosquitto", "mosquitto not run")
 			}
 			if orc != nil {
-				r := Ratio(m, orc.Overall.Mean)
-				detail := fmt.Sprintf("adaptive %s ms ÷ oracle %s ms = %s", fmtMs(m), fmtMs(orc.Overall.Mean), fmtRatio(r))
+				r := harness.Ratio(m, orc.Overall.Mean)
+				detail := fmt.Sprintf("adaptive %s ms ÷ oracle %s ms = %s", harness.FmtMs(m), harness.FmtMs(orc.Overall.Mean), harness.FmtRatio(r))
 				if !math.IsNaN(ad.OracleDelays) {
 					detail += fmt.Sprintf("; replayed with each adaptive run's own delivery delays, the oracle's mean is %s ms and adaptive ÷ that = %s (median of runs): the gap between the two oracles is the network's, not the policy's",
-						fmtMs(ad.OracleDelays), fmtRatio(ad.DelayRatio))
+						harness.FmtMs(ad.OracleDelays), harness.FmtRatio(ad.DelayRatio))
 				}
-				gs = append(gs, goal{l + ": adaptive mean within 2× of the " + OracleName, metIf(r <= 2), detail})
+				gs = append(gs, harness.Goal{Text: l + ": adaptive mean within 2× of the " + OracleName, Status: harness.MetIf(r <= 2), Detail: detail})
 			} else {
 				notMeasured(l+": adaptive mean within 2× of the "+OracleName, "oracle not run")
 			}
-			if lo := findAgg(aggs, SystemLiveOracle); lo != nil {
-				r := Ratio(m, lo.Overall.Mean)
-				gs = append(gs, goal{l + ": adaptive mean ≤ 2× the live oracle's", metIf(r <= 2),
-					fmt.Sprintf("adaptive %s ms ÷ live oracle %s ms = %s", fmtMs(m), fmtMs(lo.Overall.Mean), fmtRatio(r))})
+			if lo := findAgg(aggs, harness.SystemLiveOracle); lo != nil {
+				r := harness.Ratio(m, lo.Overall.Mean)
+				gs = append(gs, harness.Goal{Text: l + ": adaptive mean ≤ 2× the live oracle's", Status: harness.MetIf(r <= 2),
+					Detail: fmt.Sprintf("adaptive %s ms ÷ live oracle %s ms = %s", harness.FmtMs(m), harness.FmtMs(lo.Overall.Mean), harness.FmtRatio(r))})
 			} else {
 				notMeasured(l+": adaptive mean ≤ 2× the live oracle's", "live-oracle not run")
 			}
@@ -350,8 +353,8 @@ func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 				continue
 			}
 			d := ad.Overall.Mean - rr.Overall.Mean
-			gs = append(gs, goal{l + ": adaptive mean within 1 ms of round robin", metIf(math.Abs(d) <= 1),
-				fmt.Sprintf("adaptive %s ms, round-robin %s ms (difference %+.2f ms)", fmtMs(ad.Overall.Mean), fmtMs(rr.Overall.Mean), d)})
+			gs = append(gs, harness.Goal{Text: l + ": adaptive mean within 1 ms of round robin", Status: harness.MetIf(math.Abs(d) <= 1),
+				Detail: fmt.Sprintf("adaptive %s ms, round-robin %s ms (difference %+.2f ms)", harness.FmtMs(ad.Overall.Mean), harness.FmtMs(rr.Overall.Mean), d)})
 		}
 	} else {
 		notMeasured("thesis-1: adaptive within 1 ms of round robin", "scenario not run")
@@ -370,7 +373,7 @@ func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 				goalS = 2
 			}
 			detail := fmt.Sprintf("adaptive: %s (median of %d runs; goal ≤ %s); %s%s", recoveryText(ad.Recovery), ad.Runs, secs(goalS), rollingP99Definition, othersRecovery(aggs))
-			gs = append(gs, goal{text, metIf(ad.Recovery >= 0 && ad.Recovery <= goalS), detail})
+			gs = append(gs, harness.Goal{Text: text, Status: harness.MetIf(ad.Recovery >= 0 && ad.Recovery <= goalS), Detail: detail})
 		}
 	} else {
 		notMeasured("step: rolling p99 back under 50 ms within 2 report intervals", "scenario not run")
@@ -387,7 +390,7 @@ func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 			}
 			ok := ad.NewMaxMs <= joinMaxGoalMs && ad.ShareRatio >= joinShareGoal
 			detail := "adaptive: " + joinText(ad) + fmt.Sprintf(" (median of %d runs)", ad.Runs) + othersJoin(aggs)
-			gs = append(gs, goal{text, metIf(ok), detail})
+			gs = append(gs, harness.Goal{Text: text, Status: harness.MetIf(ok), Detail: detail})
 		}
 	} else {
 		notMeasured("join: newcomer's worst latency ≤ 50 ms and share ≥ 90 % of the oracle's within 2 s", "scenario not run")
@@ -396,8 +399,8 @@ func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 		for _, kind := range sortedKinds(byKind) {
 			text := label("crash", kind) + ": 0 lost"
 			if ad := findAgg(byKind[kind], "luffymq-adaptive"); ad != nil {
-				gs = append(gs, goal{text, metIf(ad.LostMax == 0),
-					fmt.Sprintf("luffymq-adaptive lost %d at most over %d runs (median %.0f), %.0f duplicated", ad.LostMax, ad.Runs, ad.Lost, ad.Dup)})
+				gs = append(gs, harness.Goal{Text: text, Status: harness.MetIf(ad.LostMax == 0),
+					Detail: fmt.Sprintf("luffymq-adaptive lost %d at most over %d runs (median %.0f), %.0f duplicated", ad.LostMax, ad.Runs, ad.Lost, ad.Dup)})
 			} else {
 				notMeasured(text, "luffymq-adaptive not run")
 			}
@@ -410,7 +413,7 @@ func sharedGoals(byScenario map[string]map[string][]aggregate) []goal {
 
 // rollingP99Definition states the window of the step adaptation time.
 var rollingP99Definition = fmt.Sprintf("adaptation time = time after the change until the rolling p99 (messages published in a %.0f ms window, evaluated every %.0f ms) stays under %.0f ms",
-	ms(adaptationWindow), ms(adaptationStep), adaptationLimit)
+	harness.Millis(adaptationWindow), harness.Millis(adaptationStep), adaptationLimit)
 
 func recoveryText(v float64) string {
 	switch {
@@ -426,7 +429,7 @@ func recoveryText(v float64) string {
 
 func joinText(a *aggregate) string {
 	return fmt.Sprintf("newcomer worst %s ms (mean %s ms); share of the messages in its first %s %s vs the oracle's %s (ratio %s; capacity share %s)",
-		fmtMs(a.NewMaxMs), fmtMs(a.NewMeanMs), secs(a.ShareWinS), pct(a.ShareEarly), pct(a.OracleEarl), fmtRatio(a.ShareRatio), pct(a.FairShare))
+		harness.FmtMs(a.NewMaxMs), harness.FmtMs(a.NewMeanMs), secs(a.ShareWinS), pct(a.ShareEarly), pct(a.OracleEarl), harness.FmtRatio(a.ShareRatio), pct(a.FairShare))
 }
 
 func pct(v float64) string {
@@ -470,7 +473,7 @@ func othersJoin(aggs []aggregate) string {
 		if a.System == "luffymq-adaptive" || math.IsNaN(a.NewMaxMs) {
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("%s worst %s ms, share ratio %s", shortName(a.System), fmtMs(a.NewMaxMs), fmtRatio(a.ShareRatio)))
+		parts = append(parts, fmt.Sprintf("%s worst %s ms, share ratio %s", shortName(a.System), harness.FmtMs(a.NewMaxMs), harness.FmtRatio(a.ShareRatio)))
 	}
 	if len(parts) == 0 {
 		return ""
@@ -493,8 +496,8 @@ func eventTable(s Scenario, aggs []aggregate) string {
 			joinMaxGoalMs, secs(joinShareWindow.Seconds()), 100*joinShareGoal)
 		b.WriteString("| system | newcomer worst ms | newcomer mean ms | share in first 2 s | oracle's share | ratio |\n|---|---|---|---|---|---|\n")
 		for _, a := range aggs {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", displaySystem(a.System), fmtMs(a.NewMaxMs), fmtMs(a.NewMeanMs),
-				pct(a.ShareEarly), pct(a.OracleEarl), fmtRatio(a.ShareRatio))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", displaySystem(a.System), harness.FmtMs(a.NewMaxMs), harness.FmtMs(a.NewMeanMs),
+				pct(a.ShareEarly), pct(a.OracleEarl), harness.FmtRatio(a.ShareRatio))
 		}
 	default:
 		return ""
@@ -513,20 +516,20 @@ func WriteSummary(dir string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := loadConnections(filepath.Join(dir, "connections.json"))
+	conn, err := connections.Load(filepath.Join(dir, "connections.json"))
 	if err != nil {
 		return err
 	}
 	var b strings.Builder
 	b.WriteString("# LuffyMQ benchmark summary\n\n")
-	var machine *MachineInfo
+	var machine *harness.MachineInfo
 	if shared != nil {
 		machine = &shared.Machine
 	} else if tp != nil {
 		machine = &tp.Machine
 	}
 	if machine != nil {
-		fmt.Fprintf(&b, "Machine: %s, %d cores, %s, %s. Mosquitto: %s. %s.\n\n", machine.CPU, machine.Cores, machine.GoVersion, machine.OS, orDash(machine.Mosquitto), machine.Mochi)
+		fmt.Fprintf(&b, "Machine: %s, %d cores, %s, %s. Mosquitto: %s. %s.\n\n", machine.CPU, machine.Cores, machine.GoVersion, machine.OS, harness.OrDash(machine.Mosquitto), machine.Mochi)
 	}
 	byScenario := map[string]map[string][]aggregate{}
 	runsOf := map[string]map[string][]RunResult{}
@@ -534,9 +537,9 @@ func WriteSummary(dir string) error {
 		for i := range shared.Runs {
 			r := &shared.Runs[i]
 			r.Subscriber = normKind(r.Subscriber)
-			r.Overall = r.Overall.unfinite()
+			r.Overall = r.Overall.Unfinite()
 			for j := range r.PerSub {
-				r.PerSub[j].LatencyStats = r.PerSub[j].LatencyStats.unfinite()
+				r.PerSub[j].LatencyStats = r.PerSub[j].LatencyStats.Unfinite()
 			}
 			if runsOf[r.Scenario] == nil {
 				runsOf[r.Scenario] = map[string][]RunResult{}
@@ -564,7 +567,7 @@ func WriteSummary(dir string) error {
 		b.WriteString(g.String() + "\n")
 	}
 	if conn != nil {
-		for _, g := range connectionsGoals(conn, aggregateConnections(conn)) {
+		for _, g := range connections.Goals(conn, connections.Aggregate(conn)) {
 			g.Text = "idle connections: " + g.Text
 			b.WriteString(g.String() + "\n")
 		}
@@ -592,7 +595,7 @@ func WriteSummary(dir string) error {
 				b.WriteString("By subscriber kind (medians of each kind's runs):\n\n")
 				b.WriteString(kindsTable(byKind))
 				b.WriteString("\n")
-				if f := kindsPlotFile(s.ID); fileExists(filepath.Join(dir, f)) {
+				if f := kindsPlotFile(s.ID); harness.FileExists(filepath.Join(dir, f)) {
 					fmt.Fprintf(&b, "![%s: mean latency per system and subscriber kind](%s)\n\n", s.ID, f)
 				}
 			}
@@ -616,8 +619,8 @@ func WriteSummary(dir string) error {
 					b.WriteString("\n")
 				}
 				for _, img := range scenarioPlots(s.ID, kind) {
-					if fileExists(filepath.Join(dir, img.file)) {
-						fmt.Fprintf(&b, "![%s](%s)\n", img.alt, img.file)
+					if harness.FileExists(filepath.Join(dir, img.File)) {
+						fmt.Fprintf(&b, "![%s](%s)\n", img.Alt, img.File)
 					}
 				}
 				b.WriteString("\n")
@@ -628,7 +631,7 @@ func WriteSummary(dir string) error {
 		b.WriteString(throughputMarkdown(tp))
 	}
 	if conn != nil {
-		b.WriteString(connectionsSummary(conn, dir))
+		b.WriteString(connections.Summary(conn, dir))
 	}
 	return os.WriteFile(filepath.Join(dir, "summary.md"), []byte(b.String()), 0o644)
 }
@@ -650,14 +653,14 @@ func plotFile(id, kind, what string) string {
 func kindsPlotFile(id string) string { return id + "-subscriber-kinds.png" }
 
 // scenarioPlots lists the plot files of a scenario with one subscriber kind.
-func scenarioPlots(id, kind string) []plotRef {
-	out := []plotRef{
-		{plotFile(id, kind, "subscriber-mean"), fmt.Sprintf("%s, %s subscribers: mean latency per subscriber", id, kind)},
-		{plotFile(id, kind, "latency-over-time"), fmt.Sprintf("%s, %s subscribers: latency of each message over time", id, kind)},
-		{plotFile(id, kind, "msgs-per-sec"), fmt.Sprintf("%s, %s subscribers: messages per second per subscriber", id, kind)},
+func scenarioPlots(id, kind string) []harness.PlotRef {
+	out := []harness.PlotRef{
+		{File: plotFile(id, kind, "subscriber-mean"), Alt: fmt.Sprintf("%s, %s subscribers: mean latency per subscriber", id, kind)},
+		{File: plotFile(id, kind, "latency-over-time"), Alt: fmt.Sprintf("%s, %s subscribers: latency of each message over time", id, kind)},
+		{File: plotFile(id, kind, "msgs-per-sec"), Alt: fmt.Sprintf("%s, %s subscribers: messages per second per subscriber", id, kind)},
 	}
 	if id == "step" || id == "join" || id == "crash" {
-		out = append(out, plotRef{plotFile(id, kind, "adaptation"), fmt.Sprintf("%s, %s subscribers: rolling p99 over time", id, kind)})
+		out = append(out, harness.PlotRef{File: plotFile(id, kind, "adaptation"), Alt: fmt.Sprintf("%s, %s subscribers: rolling p99 over time", id, kind)})
 	}
 	return out
 }
@@ -667,7 +670,7 @@ func scenarioPlots(id, kind string) []plotRef {
 // 1.3× the live oracle's for members that acknowledge after processing or
 // report every 200 ms, 2× for reporters on a 1 s timer; and never worse
 // than join-the-shortest-queue or the thesis score in the same run.
-func fleetGoals(byScenario map[string]map[string][]aggregate) []goal {
+func fleetGoals(byScenario map[string]map[string][]aggregate) []harness.Goal {
 	var ids []string
 	for id := range byScenario {
 		if strings.HasPrefix(id, "fleet-") && !strings.Contains(id, "rho95") {
@@ -675,7 +678,7 @@ func fleetGoals(byScenario map[string]map[string][]aggregate) []goal {
 		}
 	}
 	sort.Strings(ids)
-	var gs []goal
+	var gs []harness.Goal
 	for _, id := range ids {
 		for _, kind := range sortedKinds(byScenario[id]) {
 			aggs := byScenario[id][kind]
@@ -685,19 +688,19 @@ func fleetGoals(byScenario map[string]map[string][]aggregate) []goal {
 				continue
 			}
 			m := ad.Overall.Mean
-			if lo := findAgg(aggs, SystemLiveOracle); lo != nil {
+			if lo := findAgg(aggs, harness.SystemLiveOracle); lo != nil {
 				bound := 1.3
 				if kind == KindThesisReporter || kind == KindTimerReporter {
 					bound = 2 // reports every 1 s
 				}
-				r := Ratio(m, lo.Overall.Mean)
-				gs = append(gs, goal{fmt.Sprintf("%s: adaptive mean ≤ %.1f× the live oracle's", l, bound), metIf(r <= bound),
-					fmt.Sprintf("adaptive %s ms ÷ live oracle %s ms = %s (median of %d runs)", fmtMs(m), fmtMs(lo.Overall.Mean), fmtRatio(r), ad.Runs)})
+				r := harness.Ratio(m, lo.Overall.Mean)
+				gs = append(gs, harness.Goal{Text: fmt.Sprintf("%s: adaptive mean ≤ %.1f× the live oracle's", l, bound), Status: harness.MetIf(r <= bound),
+					Detail: fmt.Sprintf("adaptive %s ms ÷ live oracle %s ms = %s (median of %d runs)", harness.FmtMs(m), harness.FmtMs(lo.Overall.Mean), harness.FmtRatio(r), ad.Runs)})
 			}
 			for _, peer := range []string{"luffymq-jsq", "luffymq-thesis"} {
 				if p := findAgg(aggs, peer); p != nil {
-					gs = append(gs, goal{fmt.Sprintf("%s: adaptive mean ≤ %s's", l, strings.TrimPrefix(peer, "luffymq-")), metIf(m <= p.Overall.Mean),
-						fmt.Sprintf("adaptive %s ms, %s %s ms", fmtMs(m), strings.TrimPrefix(peer, "luffymq-"), fmtMs(p.Overall.Mean))})
+					gs = append(gs, harness.Goal{Text: fmt.Sprintf("%s: adaptive mean ≤ %s's", l, strings.TrimPrefix(peer, "luffymq-")), Status: harness.MetIf(m <= p.Overall.Mean),
+						Detail: fmt.Sprintf("adaptive %s ms, %s %s ms", harness.FmtMs(m), strings.TrimPrefix(peer, "luffymq-"), harness.FmtMs(p.Overall.Mean))})
 				}
 			}
 		}

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
 func TestAggregateTakesMediansOverRepeats(t *testing.T) {
@@ -58,10 +60,10 @@ func TestScenarioTableRatioColumns(t *testing.T) {
 // mean and p99.
 func run(system string, repeat int, mean, p99 float64, lost int) RunResult {
 	return RunResult{Scenario: "thesis-2", System: system, Repeat: repeat, Lost: lost,
-		Overall: LatencyStats{Count: 10, Mean: mean, P50: mean, P99: p99, Max: p99},
+		Overall: harness.LatencyStats{Count: 10, Mean: mean, P50: mean, P99: p99, Max: p99},
 		PerSub: []SubscriberResult{
-			{Member: 1, LatencyStats: LatencyStats{Mean: mean}, MsgsPerSec: 40},
-			{Member: 2, LatencyStats: LatencyStats{Mean: mean}, MsgsPerSec: 40},
-			{Member: 3, LatencyStats: LatencyStats{Mean: 2 * mean}, MsgsPerSec: 20},
+			{Member: 1, LatencyStats: harness.LatencyStats{Mean: mean}, MsgsPerSec: 40},
+			{Member: 2, LatencyStats: harness.LatencyStats{Mean: mean}, MsgsPerSec: 40},
+			{Member: 3, LatencyStats: harness.LatencyStats{Mean: 2 * mean}, MsgsPerSec: 20},
 		}}
 }

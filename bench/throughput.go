@@ -16,6 +16,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/luffymq/luffymq/bench/internal/harness"
 	"github.com/luffymq/luffymq/clientsdk"
 )
 
@@ -32,7 +33,7 @@ var ThroughputTests = []ThroughputTest{
 }
 
 // ThroughputSystems are the systems set B compares.
-var ThroughputSystems = []string{"luffymq-adaptive", "luffymq-round-robin", SystemMochi, SystemMosquitto}
+var ThroughputSystems = []string{"luffymq-adaptive", "luffymq-round-robin", harness.SystemMochi, harness.SystemMosquitto}
 
 // SystemLuffyMQPersist is luffymq (adaptive strategy) with --data-dir in a
 // fresh temporary directory, to measure what persistence costs. It is not
@@ -49,15 +50,15 @@ var ThroughputOptionalSystems = []string{SystemLuffyMQPersist, SystemLuffyMQPers
 
 // startThroughputBroker starts system's broker for one set-B run: the
 // persistent luffymq here, every other system through starter.
-func startThroughputBroker(ctx context.Context, starter brokerStarter, system string, reportInterval time.Duration, logName string) (runningBroker, error) {
+func startThroughputBroker(ctx context.Context, starter harness.BrokerStarter, system string, reportInterval time.Duration, logName string) (harness.RunningBroker, error) {
 	if system != SystemLuffyMQPersist && system != SystemLuffyMQPersistFsync {
-		return starter.start(ctx, system, reportInterval, logName)
+		return starter.Start(ctx, system, reportInterval, logName)
 	}
 	dir, err := os.MkdirTemp("", "luffy-bench-data-")
 	if err != nil {
 		return nil, fmt.Errorf("luffymq data dir: %w", err)
 	}
-	p, err := startProcess(ctx, starter.LuffyMQ, filepath.Join(starter.LogDir, logName+".broker.log"), func(addr string) ([]string, error) {
+	p, err := harness.StartProcess(ctx, starter.LuffyMQ, filepath.Join(starter.LogDir, logName+".broker.log"), func(addr string) ([]string, error) {
 		args := []string{"--listen", addr, "--http", "", "--strategy", "adaptive", "--data-dir", dir,
 			"--report-interval", reportInterval.String(), "--log-level", "warn"}
 		if system == SystemLuffyMQPersistFsync {
@@ -69,7 +70,7 @@ func startThroughputBroker(ctx context.Context, starter brokerStarter, system st
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	p.cleanup = func() { _ = os.RemoveAll(dir) }
+	p.Cleanup = func() { _ = os.RemoveAll(dir) }
 	return p, nil
 }
 
@@ -115,10 +116,10 @@ type ThroughputRun struct {
 
 // ThroughputResults is throughput.json.
 type ThroughputResults struct {
-	Generated time.Time        `json:"generated"`
-	Machine   MachineInfo      `json:"machine"`
-	Config    ThroughputConfig `json:"config"`
-	Runs      []ThroughputRun  `json:"runs"`
+	Generated time.Time           `json:"generated"`
+	Machine   harness.MachineInfo `json:"machine"`
+	Config    ThroughputConfig    `json:"config"`
+	Runs      []ThroughputRun     `json:"runs"`
 
 	dir string // where it was read from
 }
@@ -141,7 +142,7 @@ func loadThroughput(path string) (*ThroughputResults, error) {
 
 // runThroughput measures one test on one running broker br. When the
 // broker stalls it stops the measurement early and closes br.
-func runThroughput(ctx context.Context, t ThroughputTest, system string, repeat int, br runningBroker, cfg ThroughputConfig, logger *slog.Logger) ThroughputRun {
+func runThroughput(ctx context.Context, t ThroughputTest, system string, repeat int, br harness.RunningBroker, cfg ThroughputConfig, logger *slog.Logger) ThroughputRun {
 	addr := br.Addr()
 	perPub := cfg.FanoutMessages
 	expectedFactor := cfg.Members
@@ -160,9 +161,9 @@ func runThroughput(ctx context.Context, t ThroughputTest, system string, repeat 
 		lats      = make([]float64, 0, run.Expected)
 	)
 	record := func(payload []byte, now time.Time) {
-		if _, sent, ok := decodePayload(payload); ok {
+		if _, sent, ok := harness.DecodePayload(payload); ok {
 			latMu.Lock()
-			lats = append(lats, ms(now.Sub(sent)))
+			lats = append(lats, harness.Millis(now.Sub(sent)))
 			latMu.Unlock()
 		}
 		delivered.Add(1)
@@ -171,13 +172,13 @@ func runThroughput(ctx context.Context, t ThroughputTest, system string, repeat 
 	var closers []func()
 	defer func() {
 		// A wedged broker must not hang the whole benchmark.
-		closed := within(cleanupTimeout, func() {
+		closed := harness.Within(harness.CleanupTimeout, func() {
 			for i := len(closers) - 1; i >= 0; i-- {
 				closers[i]()
 			}
 		})
 		if !closed {
-			logger.Warn("clients did not close in time; abandoning them", "timeout", cleanupTimeout)
+			logger.Warn("clients did not close in time; abandoning them", "timeout", harness.CleanupTimeout)
 		}
 	}()
 	fail := func(err error) ThroughputRun {
@@ -256,7 +257,7 @@ func runThroughput(ctx context.Context, t ThroughputTest, system string, repeat 
 					if rctx.Err() != nil {
 						return
 					}
-					if _, err := c.Publish(rctx, &paho.Publish{Topic: topic, QoS: t.QoS, Payload: encodePayload(0, time.Now())}); err != nil {
+					if _, err := c.Publish(rctx, &paho.Publish{Topic: topic, QoS: t.QoS, Payload: harness.EncodePayload(0, time.Now())}); err != nil {
 						pubErrs.Add(1)
 					}
 				}
@@ -272,22 +273,22 @@ func runThroughput(ctx context.Context, t ThroughputTest, system string, repeat 
 	// stalled, QoS 0 deliveries ended short (drops), or the timeout.
 	stallWindow := cfg.StallWindow
 	if stallWindow <= 0 {
-		stallWindow = DefaultStallWindow
+		stallWindow = harness.DefaultStallWindow
 	}
-	verdict, lastGrowth := watchDelivered(&delivered, int64(run.Expected), start, pubDone, t.QoS, stallWindow,
+	verdict, lastGrowth := harness.WatchDelivered(&delivered, int64(run.Expected), start, pubDone, t.QoS, stallWindow,
 		func(now time.Time) bool { return !now.Before(deadline) })
 	switch verdict {
-	case waitStalled:
+	case harness.WaitStalled:
 		run.Stalled = true
 		run.StalledAfterS = lastGrowth.Sub(start).Seconds()
 		// Stop the broker first: the clients' goodbyes would only wait on it.
 		cancel()
-		if !within(cleanupTimeout, func() { _ = br.Close() }) {
+		if !harness.Within(harness.CleanupTimeout, func() { _ = br.Close() }) {
 			logger.Warn("stalled broker did not stop in time")
 		}
-	case waitTimedOut:
+	case harness.WaitTimedOut:
 		run.TimedOut = true
-	case waitComplete:
+	case harness.WaitComplete:
 		// Publishers may still be collecting their last acknowledgements.
 		select {
 		case <-pubDone:
@@ -304,7 +305,7 @@ func runThroughput(ctx context.Context, t ThroughputTest, system string, repeat 
 			run.MsgsPerS = float64(run.Delivered) / run.Seconds
 		}
 		latMu.Lock()
-		st := Summarise(lats)
+		st := harness.Summarise(lats)
 		latMu.Unlock()
 		run.P50Ms, run.P99Ms = st.P50, st.P99
 		if n := pubErrs.Load(); n > 0 {
@@ -322,7 +323,7 @@ func pahoConnect(ctx context.Context, addr, id string, onPublish func(paho.Publi
 	if onPublish != nil {
 		cc.OnPublishReceived = []func(paho.PublishReceived) (bool, error){onPublish}
 	}
-	c, _, err := pahoDial(ctx, addr, id, cc)
+	c, _, err := harness.PahoDial(ctx, addr, id, cc)
 	return c, err
 }
 
@@ -363,7 +364,7 @@ func throughputAggregate(tp *ThroughputResults, test, system string) throughputA
 		p99 = append(p99, x.P99Ms)
 		a.Dropped += x.Dropped
 	}
-	a.Rate, a.P50, a.P99 = Median(r), Median(p50), Median(p99)
+	a.Rate, a.P50, a.P99 = harness.Median(r), harness.Median(p50), harness.Median(p99)
 	return a
 }
 
@@ -385,14 +386,14 @@ func throughputMarkdown(tp *ThroughputResults) string {
 	c := tp.Config
 	stall := c.StallWindow
 	if stall <= 0 {
-		stall = DefaultStallWindow
+		stall = harness.DefaultStallWindow
 	}
 	fmt.Fprintf(&b, "## Throughput (set B)\n\n%d publishers × %d messages (shared) / %d messages (fan-out) of %d B → a shared group of %d members that ack immediately (LuffyMQ SDK subscribers), or %d plain subscribers (fan-out); QoS 1 publishers keep %d publishes in flight each. Every broker runs as a separate process on loopback. Medians of %d runs (runs that stalled excluded); msgs/s = messages delivered ÷ (last delivery − first publish); latency is end to end. A broker *stalled* when its delivered count stopped growing for %s while messages were still owed (publishers still sending or waiting for acknowledgements, or QoS 1); no rate is reported for such a run. Raw runs: `throughput.json`.\n\n",
-		c.Publishers, c.SharedMessages, c.FanoutMessages, PayloadSize, c.Members, c.Members, c.InFlight, c.Repeat, stall)
+		c.Publishers, c.SharedMessages, c.FanoutMessages, harness.PayloadSize, c.Members, c.Members, c.InFlight, c.Repeat, stall)
 	b.WriteString("| test | system | msgs/s | p50 ms | p99 ms | dropped (runs not stalled) | ÷ Mochi | ÷ Mosquitto |\n|---|---|---|---|---|---|---|---|\n")
 	for _, t := range ThroughputTests {
-		mochi := throughputAggregate(tp, t.ID, SystemMochi)
-		mosq := throughputAggregate(tp, t.ID, SystemMosquitto)
+		mochi := throughputAggregate(tp, t.ID, harness.SystemMochi)
+		mosq := throughputAggregate(tp, t.ID, harness.SystemMosquitto)
 		for _, s := range append(slices.Clone(ThroughputSystems), ThroughputOptionalSystems...) {
 			a := throughputAggregate(tp, t.ID, s)
 			if a.Runs == 0 {
@@ -405,8 +406,8 @@ func throughputMarkdown(tp *ThroughputResults) string {
 			if a.TimedOut > 0 {
 				extra += fmt.Sprintf(" ⚠ timed out (%d of %d runs)", a.TimedOut, a.Runs)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d%s | %s | %s |\n", t.ID, s, a.rateText(), fmtMs(a.P50), fmtMs(a.P99), a.Dropped, extra,
-				fmtRatio(Ratio(a.Rate, mochi.Rate)), fmtRatio(Ratio(a.Rate, mosq.Rate)))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d%s | %s | %s |\n", t.ID, s, a.rateText(), harness.FmtMs(a.P50), harness.FmtMs(a.P99), a.Dropped, extra,
+				harness.FmtRatio(harness.Ratio(a.Rate, mochi.Rate)), harness.FmtRatio(harness.Ratio(a.Rate, mosq.Rate)))
 		}
 	}
 	b.WriteString("\n")
@@ -424,38 +425,38 @@ type throughputGoal struct {
 }
 
 var throughputGoalList = []throughputGoal{
-	{"shared-qos0", SystemMochi, 0.95}, {"fanout-qos0", SystemMochi, 0.95},
-	{"shared-qos1", SystemMosquitto, 0.9}, {"fanout-qos1", SystemMosquitto, 0.9},
+	{"shared-qos0", harness.SystemMochi, 0.95}, {"fanout-qos0", harness.SystemMochi, 0.95},
+	{"shared-qos1", harness.SystemMosquitto, 0.9}, {"fanout-qos1", harness.SystemMosquitto, 0.9},
 }
 
-func throughputGoals(tp *ThroughputResults) []goal {
-	var gs []goal
+func throughputGoals(tp *ThroughputResults) []harness.Goal {
+	var gs []harness.Goal
 	for _, g := range throughputGoalList {
 		text := fmt.Sprintf("throughput %s: luffymq adaptive ≥ %.2f× %s", g.test, g.factor, refName(g.ref))
 		if tp == nil {
-			gs = append(gs, goal{Text: text, Status: "not measured", Detail: "run luffy-bench throughput"})
+			gs = append(gs, harness.Goal{Text: text, Status: "not measured", Detail: "run luffy-bench throughput"})
 			continue
 		}
 		ad := throughputAggregate(tp, g.test, "luffymq-adaptive")
 		ref := throughputAggregate(tp, g.test, g.ref)
 		switch {
 		case ad.Runs == 0 || ref.Runs == 0:
-			gs = append(gs, goal{Text: text, Status: "not measured", Detail: "needs luffymq-adaptive and " + g.ref})
+			gs = append(gs, harness.Goal{Text: text, Status: "not measured", Detail: "needs luffymq-adaptive and " + g.ref})
 		case ad.Stalled > 0:
-			gs = append(gs, goal{Text: text, Status: "missed", Detail: fmt.Sprintf("luffymq adaptive stalled (%d of %d runs)", ad.Stalled, ad.Runs)})
+			gs = append(gs, harness.Goal{Text: text, Status: "missed", Detail: fmt.Sprintf("luffymq adaptive stalled (%d of %d runs)", ad.Stalled, ad.Runs)})
 		case math.IsNaN(ref.Rate):
-			gs = append(gs, goal{Text: text, Status: "not measured", Detail: fmt.Sprintf("%s stalled (%d of %d runs); luffymq adaptive %s msgs/s", g.ref, ref.Stalled, ref.Runs, ad.rateText())})
+			gs = append(gs, harness.Goal{Text: text, Status: "not measured", Detail: fmt.Sprintf("%s stalled (%d of %d runs); luffymq adaptive %s msgs/s", g.ref, ref.Stalled, ref.Runs, ad.rateText())})
 		default:
-			r := Ratio(ad.Rate, ref.Rate)
-			detail := fmt.Sprintf("%s vs %s msgs/s (%s, medians of %d and %d runs)", ad.rateText(), ref.rateText(), fmtRatio(r), ad.Runs, ref.Runs)
-			gs = append(gs, goal{Text: text, Status: metIf(r >= g.factor), Detail: detail})
+			r := harness.Ratio(ad.Rate, ref.Rate)
+			detail := fmt.Sprintf("%s vs %s msgs/s (%s, medians of %d and %d runs)", ad.rateText(), ref.rateText(), harness.FmtRatio(r), ad.Runs, ref.Runs)
+			gs = append(gs, harness.Goal{Text: text, Status: harness.MetIf(r >= g.factor), Detail: detail})
 		}
 	}
 	return gs
 }
 
 func refName(system string) string {
-	if system == SystemMochi {
+	if system == harness.SystemMochi {
 		return "vanilla Mochi"
 	}
 	return "Mosquitto"

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/luffymq/luffymq/bench/internal/harness"
 	"github.com/luffymq/luffymq/broker"
 )
 
@@ -17,8 +18,8 @@ import (
 // broker's hot path. b.N scales the messages per publisher (× 1000).
 func BenchmarkSharedFanInInProcess(b *testing.B) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	brokers := map[string]func() (runningBroker, error){
-		"luffymq-adaptive": func() (runningBroker, error) {
+	brokers := map[string]func() (harness.RunningBroker, error){
+		"luffymq-adaptive": func() (harness.RunningBroker, error) {
 			br, err := broker.New(broker.Config{MQTTListen: "127.0.0.1:0", Strategy: "adaptive", Logger: logger})
 			if err != nil {
 				return nil, err
@@ -28,8 +29,8 @@ func BenchmarkSharedFanInInProcess(b *testing.B) {
 			}
 			return inProcessLuffy{br}, nil
 		},
-		"mochi": func() (runningBroker, error) {
-			return startVanillaMochi("127.0.0.1:0", logger)
+		"mochi": func() (harness.RunningBroker, error) {
+			return harness.StartVanillaMochi("127.0.0.1:0", logger)
 		},
 	}
 	for _, qos := range []byte{0, 1} {

@@ -22,6 +22,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/luffymq/luffymq/bench"
+	"github.com/luffymq/luffymq/bench/reliability"
+	"github.com/luffymq/luffymq/bench/sites"
+	"github.com/luffymq/luffymq/bench/soak"
 	"github.com/luffymq/luffymq/bridge/controller"
 	"github.com/luffymq/luffymq/broker"
 )
@@ -179,9 +182,9 @@ func (c commandFlags) of(t *testing.T, command string) map[string]bool {
 		// cmd/luffy-bench runs these three itself; bench.Main the others.
 		ctx := context.Background()
 		code := map[string]func() int{
-			bench.SoakCommand:        func() int { return bench.SoakMain([]string{"--help"}, io.Discard, &out) },
-			bench.ReliabilityCommand: func() int { return bench.ReliabilityMain(ctx, []string{"--help"}, io.Discard, &out) },
-			bench.SitesCommand:       func() int { return bench.SitesMain(ctx, []string{"--help"}, io.Discard, &out) },
+			soak.Command:        func() int { return soak.Main([]string{"--help"}, io.Discard, &out) },
+			reliability.Command: func() int { return reliability.Main(ctx, []string{"--help"}, io.Discard, &out) },
+			sites.Command:       func() int { return sites.Main(ctx, []string{"--help"}, io.Discard, &out) },
 		}[sub]
 		if code == nil {
 			code = func() int { return bench.Main([]string{sub, "--help"}, io.Discard, &out) }

@@ -31,21 +31,24 @@ import (
 	"syscall"
 
 	"github.com/luffymq/luffymq/bench"
+	"github.com/luffymq/luffymq/bench/reliability"
+	"github.com/luffymq/luffymq/bench/sites"
+	"github.com/luffymq/luffymq/bench/soak"
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == bench.SoakCommand {
-		os.Exit(bench.SoakMain(os.Args[2:], os.Stdout, os.Stderr))
+	if len(os.Args) > 1 && os.Args[1] == soak.Command {
+		os.Exit(soak.Main(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	if len(os.Args) > 1 && os.Args[1] == bench.ReliabilityCommand {
+	if len(os.Args) > 1 && os.Args[1] == reliability.Command {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		code := bench.ReliabilityMain(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		code := reliability.Main(ctx, os.Args[2:], os.Stdout, os.Stderr)
 		stop()
 		os.Exit(code)
 	}
-	if len(os.Args) > 1 && os.Args[1] == bench.SitesCommand {
+	if len(os.Args) > 1 && os.Args[1] == sites.Command {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		code := bench.SitesMain(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		code := sites.Main(ctx, os.Args[2:], os.Stdout, os.Stderr)
 		stop()
 		os.Exit(code)
 	}

@@ -1,0 +1,233 @@
+package connections
+
+import (
+	"fmt"
+	"image/color"
+	"math"
+	"path/filepath"
+	"strings"
+
+	"gonum.org/v1/plot/vg"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
+)
+
+// RSSPlotFile is the bar plot of RSS per idle connection by broker.
+const RSSPlotFile = "connections-rss.png"
+
+// Goals of issue 21 for idle connections.
+const (
+	connRSSGoalKiB      = 24
+	connRSSMoonshotKiB  = 16
+	connRSSVsMochi      = 0.6
+	churnGrowthGoalMiB  = 40
+	connectionsLuffyMQ  = "luffymq-adaptive"
+	connectionsNoResult = "—"
+)
+
+// connAggregate is one system's medians over its runs.
+type connAggregate struct {
+	System string
+	Runs   int
+	// Medians over the runs that measured them (NaN: none).
+	RSSPerConnKiB float64
+	ConnectPerS   float64
+	// DeliveredMin is the fewest deliveries of a run; Complete counts
+	// runs that delivered to every device.
+	DeliveredMin int
+	Complete     int
+	// ChurnGrowthMiB is the median RSS growth over the churn runs.
+	ChurnGrowthMiB float64
+	ChurnRuns      int
+	Errors         []string
+}
+
+// Aggregate returns the medians of every system, in the order
+// the systems ran.
+func Aggregate(res *ConnectionsResults) []connAggregate {
+	var out []connAggregate
+	for _, sys := range harness.OrderedLabels(res.Runs, func(r ConnectionsRun) string { return r.System }) {
+		a := connAggregate{System: sys, DeliveredMin: -1}
+		var rss, rate, churn []float64
+		for _, r := range res.Runs {
+			if r.System != sys {
+				continue
+			}
+			a.Runs++
+			if r.Error != "" {
+				a.Errors = append(a.Errors, r.Error)
+			}
+			if r.Subscribed > 0 && r.RSSBeforeBytes > 0 && r.RSSAfterBytes > 0 {
+				rss = append(rss, r.RSSPerConnBytes/1024)
+			}
+			if r.Connected > 0 {
+				rate = append(rate, r.ConnectPerS)
+			}
+			if a.DeliveredMin < 0 || r.Delivered < a.DeliveredMin {
+				a.DeliveredMin = r.Delivered
+			}
+			if r.Error == "" && r.Delivered == r.Connections {
+				a.Complete++
+			}
+		}
+		for _, c := range res.Churn {
+			if c.System == sys && c.Error == "" && c.RSSBeforeBytes > 0 && c.RSSAfterBytes > 0 {
+				churn = append(churn, float64(c.RSSAfterBytes-c.RSSBeforeBytes)/(1<<20))
+				a.ChurnRuns++
+			}
+		}
+		a.RSSPerConnKiB, a.ConnectPerS, a.ChurnGrowthMiB = harness.Median(rss), harness.Median(rate), harness.Median(churn)
+		out = append(out, a)
+	}
+	return out
+}
+
+func findConnAgg(aggs []connAggregate, system string) *connAggregate {
+	for i := range aggs {
+		if aggs[i].System == system {
+			return &aggs[i]
+		}
+	}
+	return nil
+}
+
+// connectionsNotes are the notes of connections.json and connections.md.
+func connectionsNotes(cfg ConnectionsConfig, fdl FDLimit) []string {
+	notes := []string{
+		"Every broker runs as a process of its own on loopback, a fresh one per run: luffymq (the real binary, default flags" + harness.ArgsNote(cfg.LuffyMQArgs) + "), vanilla Mochi as `luffy-bench " + harness.MochiServerCommand + "` with default options, Mosquitto with set_tcp_nodelay true and persistence off.",
+		fmt.Sprintf("Devices are raw MQTT v5 clients (paho.golang's packet codec over net.Conn, no goroutine while idle): clean start, keep-alive 600 s, each subscribed at QoS 1 to its own dev/<id>/cmd; %d are set up at once. The connect rate is the devices that got their CONNACK over the time from the first dial to the last CONNACK.", cfg.Dialers),
+		"RSS is the broker's VmRSS (/proc/PID/status), read once it moved less than 0.5 % over " + cfg.SettleWindow.String() + " (an idle broker; at most " + cfg.SettleMax.String() + "): before the devices connect (the publisher already connected) and after every device got its SUBACK. RSS per connection is the growth over the devices subscribed.",
+		"Then a paho.golang publisher sends one QoS 1 command to each device topic (64 at a time); a delivery counts when the device gets its own command (it acknowledges it).",
+		fmt.Sprintf("Open-file limit of the bench: soft %d raised to the hard limit %d; the brokers inherit it, so at most about %d connections fit.", fdl.SoftBefore, fdl.Hard, int(fdl.Hard)-fdReserve),
+	}
+	if cfg.Churn > 0 {
+		notes = append(notes, fmt.Sprintf("Churn: a fresh broker of each system gets %d short sessions one after another (connect, subscribe to its own topic, DISCONNECT); its settled RSS is read before and after.", cfg.Churn))
+	}
+	return notes
+}
+
+// Goals evaluates issue 21's goals on the medians.
+func Goals(res *ConnectionsResults, aggs []connAggregate) []harness.Goal {
+	lm, mochi, mosq := findConnAgg(aggs, connectionsLuffyMQ), findConnAgg(aggs, harness.SystemMochi), findConnAgg(aggs, harness.SystemMosquitto)
+	var gs []harness.Goal
+	n := res.Config.Connections
+	if lm == nil || math.IsNaN(lm.RSSPerConnKiB) {
+		return []harness.Goal{{Text: "luffymq's RSS per idle connection", Status: "not measured", Detail: "no luffymq run measured it"}}
+	}
+	gs = append(gs, harness.Goal{Text: fmt.Sprintf("at most %d KiB per idle connection at %d connections (moonshot %d KiB)", connRSSGoalKiB, n, connRSSMoonshotKiB),
+		Status: harness.MetIf(lm.RSSPerConnKiB <= connRSSGoalKiB),
+		Detail: fmt.Sprintf("luffymq %.1f KiB (median of %d)%s", lm.RSSPerConnKiB, lm.Runs, map[bool]string{true: ", moonshot met", false: ""}[lm.RSSPerConnKiB <= connRSSMoonshotKiB])})
+	if mochi != nil && !math.IsNaN(mochi.RSSPerConnKiB) {
+		r := harness.Ratio(lm.RSSPerConnKiB, mochi.RSSPerConnKiB)
+		gs = append(gs, harness.Goal{Text: fmt.Sprintf("at most %.1f× vanilla Mochi in the same run", connRSSVsMochi), Status: harness.MetIf(r <= connRSSVsMochi),
+			Detail: fmt.Sprintf("%.1f KiB ÷ %.1f KiB = %.2f×", lm.RSSPerConnKiB, mochi.RSSPerConnKiB, r)})
+	}
+	if mosq != nil && !math.IsNaN(mosq.ConnectPerS) {
+		gs = append(gs, harness.Goal{Text: "a connect rate at least Mosquitto's", Status: harness.MetIf(lm.ConnectPerS >= mosq.ConnectPerS),
+			Detail: fmt.Sprintf("luffymq %.0f/s, Mosquitto %.0f/s (medians)", lm.ConnectPerS, mosq.ConnectPerS)})
+	}
+	gs = append(gs, harness.Goal{Text: fmt.Sprintf("every device gets its command (%d of %d)", n, n), Status: harness.MetIf(lm.Complete == lm.Runs),
+		Detail: fmt.Sprintf("luffymq: %d of %d runs complete, fewest %d", lm.Complete, lm.Runs, lm.DeliveredMin)})
+	if res.Config.Churn > 0 {
+		status, detail := "not measured", "no churn run of luffymq completed"
+		if !math.IsNaN(lm.ChurnGrowthMiB) {
+			status, detail = harness.MetIf(lm.ChurnGrowthMiB <= churnGrowthGoalMiB), fmt.Sprintf("luffymq %+.1f MiB (median of %d)", lm.ChurnGrowthMiB, lm.ChurnRuns)
+		}
+		gs = append(gs, harness.Goal{Text: fmt.Sprintf("%d short sessions leave RSS within %d MiB of where it started", res.Config.Churn, churnGrowthGoalMiB), Status: status, Detail: detail})
+	}
+	return gs
+}
+
+func kibOrDash(v float64) string {
+	if math.IsNaN(v) {
+		return connectionsNoResult
+	}
+	return fmt.Sprintf("%.1f KiB", v)
+}
+
+// connectionsMarkdown renders connections.md; the plot is linked when it
+// exists in dir.
+func connectionsMarkdown(res *ConnectionsResults, dir string) string {
+	var b strings.Builder
+	m := res.Machine
+	aggs := Aggregate(res)
+	b.WriteString("# Idle connections: memory, connect rate and delivery\n\n")
+	fmt.Fprintf(&b, "Generated %s by `luffy-bench %s --connections %d --repeat %d`. Machine: %s, %d cores, %s, %s. Mosquitto: %s. %s.\n\n",
+		res.Generated.Format("2006-01-02 15:04 UTC"), Command, res.Config.Connections, res.Config.Repeat, m.CPU, m.Cores, m.GoVersion, m.OS, harness.OrDash(m.Mosquitto), m.Mochi)
+	for _, n := range res.Notes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	b.WriteString("\n## Goals\n\n")
+	for _, g := range Goals(res, aggs) {
+		b.WriteString(g.String() + "\n")
+	}
+	fmt.Fprintf(&b, "\n## Medians over runs (%d connections)\n\n", res.Config.Connections)
+	b.WriteString(connectionsTable(res, aggs, dir))
+	b.WriteString("## Runs\n\n| system | run | connected | subscribed | connect rate | RSS before → after | per connection | delivered | deliver time | notes |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range res.Runs {
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %.0f/s | %s → %s | %.1f KiB | %d / %d | %.2f s | %s |\n", r.System, r.Repeat, r.Connected, r.Subscribed,
+			r.ConnectPerS, harness.FmtBytes(r.RSSBeforeBytes), harness.FmtBytes(r.RSSAfterBytes), r.RSSPerConnBytes/1024, r.Delivered, r.Connections, r.DeliverS, r.Error)
+	}
+	if len(res.Churn) > 0 {
+		b.WriteString("\n## Churn runs\n\n| system | run | sessions | seconds | RSS before → after | notes |\n|---|---|---|---|---|---|\n")
+		for _, c := range res.Churn {
+			fmt.Fprintf(&b, "| %s | %d | %d / %d | %.1f | %s → %s | %s |\n", c.System, c.Repeat, c.Completed, c.Sessions, c.Seconds,
+				harness.FmtBytes(c.RSSBeforeBytes), harness.FmtBytes(c.RSSAfterBytes), c.Error)
+		}
+	}
+	b.WriteString("\nRaw runs: `connections.json`.\n")
+	return b.String()
+}
+
+// connectionsTable is the table of each system's medians, and the plot
+// when it exists in dir.
+func connectionsTable(res *ConnectionsResults, aggs []connAggregate, dir string) string {
+	var b strings.Builder
+	b.WriteString("| system | runs | RSS per connection | connect rate | deliveries (fewest) | runs delivering all | churn RSS growth |\n|---|---|---|---|---|---|---|\n")
+	for _, a := range aggs {
+		churn := connectionsNoResult
+		if !math.IsNaN(a.ChurnGrowthMiB) {
+			churn = fmt.Sprintf("%+.1f MiB", a.ChurnGrowthMiB)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %.0f/s | %d / %d | %d of %d | %s |\n", a.System, a.Runs, kibOrDash(a.RSSPerConnKiB),
+			a.ConnectPerS, a.DeliveredMin, res.Config.Connections, a.Complete, a.Runs, churn)
+	}
+	b.WriteString("\n")
+	if harness.FileExists(filepath.Join(dir, RSSPlotFile)) {
+		fmt.Fprintf(&b, "![RSS per idle connection by broker](%s)\n\n", RSSPlotFile)
+	}
+	return b.String()
+}
+
+// Load reads connections.json, or returns nil when there is
+// none.
+func Load(path string) (*ConnectionsResults, error) {
+	return harness.LoadJSON[ConnectionsResults](path)
+}
+
+// Summary is the section of summary.md on idle connections.
+func Summary(res *ConnectionsResults, dir string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "## Idle connections\n\n`luffy-bench %s --connections %d --repeat %d`: each device connects (MQTT v5), subscribes to its own dev/<id>/cmd and idles; then one command goes to each. RSS per connection is the broker's settled RSS growth over the devices; medians over the runs. Details: [connections.md](connections.md).\n\n",
+		Command, res.Config.Connections, res.Config.Repeat)
+	b.WriteString(connectionsTable(res, Aggregate(res), dir))
+	return b.String()
+}
+
+// plotConnections draws the median RSS per idle connection of each broker.
+func plotConnections(path string, res *ConnectionsResults) error {
+	aggs := Aggregate(res)
+	names := make([]string, len(aggs))
+	colors := make([]color.Color, len(aggs))
+	values := make([][]float64, len(aggs))
+	for j, a := range aggs {
+		names[j], colors[j], values[j] = a.System, harness.SystemColor(a.System), []float64{a.RSSPerConnKiB}
+	}
+	p := harness.NewPlot(fmt.Sprintf("RSS per idle subscribed connection at %d connections (median of %d)", res.Config.Connections, res.Config.Repeat),
+		"broker", "KiB per connection")
+	if err := harness.GroupedBars(p, []string{fmt.Sprintf("%d connections", res.Config.Connections)}, names, colors, values); err != nil {
+		return err
+	}
+	p.Y.Max = math.Max(p.Y.Max*1.3, 1)
+	return p.Save(7*vg.Inch, 4*vg.Inch, path)
+}

@@ -1,0 +1,104 @@
+package harness
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+)
+
+// PayloadSize is the size of every benchmark message.
+const PayloadSize = 100
+
+// EncodePayload writes the sequence number and send time into a 100 B
+// payload.
+func EncodePayload(seq int, sent time.Time) []byte {
+	b := make([]byte, PayloadSize)
+	binary.BigEndian.PutUint64(b[0:8], uint64(seq))
+	binary.BigEndian.PutUint64(b[8:16], uint64(sent.UnixNano()))
+	for i := 16; i < len(b); i++ {
+		b[i] = 'x'
+	}
+	return b
+}
+
+// DecodePayload reads what EncodePayload wrote.
+func DecodePayload(b []byte) (seq int, sent time.Time, ok bool) {
+	if len(b) < 16 {
+		return 0, time.Time{}, false
+	}
+	return int(binary.BigEndian.Uint64(b[0:8])), time.Unix(0, int64(binary.BigEndian.Uint64(b[8:16]))), true
+}
+
+// PahoQueueCapacity bounds a paho member's FIFO; a full FIFO blocks paho's
+// reader (back-pressure), as the SDK's full queue does.
+const PahoQueueCapacity = 10000
+
+// PahoDial opens a plain MQTT v5 client connection with cc (ClientID and
+// Conn are set here), keep-alive 30 s and Receive Maximum 65535 (no limit
+// in practice, as MQTT's default), and returns the client and its CONNACK.
+func PahoDial(ctx context.Context, addr, id string, cc paho.ClientConfig) (*paho.Client, *paho.Connack, error) {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	cc.ClientID, cc.Conn = id, conn
+	c := paho.NewClient(cc)
+	rm := uint16(65535)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ca, err := c.Connect(cctx, &paho.Connect{ClientID: id, KeepAlive: 30, CleanStart: true,
+		Properties: &paho.ConnectProperties{ReceiveMaximum: &rm, RequestProblemInfo: true}})
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("connect to %s: %w", addr, err)
+	}
+	if ca.ReasonCode != 0 {
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("connect to %s: reason code %d", addr, ca.ReasonCode)
+	}
+	return c, ca, nil
+}
+
+// DialPaho connects a paho.golang MQTT v5 client (clean start, session
+// expiry 0, Receive Maximum 65535) and returns it with its TCP connection,
+// which the caller may close to cut the client off without a DISCONNECT.
+func DialPaho(ctx context.Context, addr, id string, keepAlive uint16, cc paho.ClientConfig) (*paho.Client, net.Conn, error) {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	cc.ClientID, cc.Conn = id, conn
+	c := paho.NewClient(cc)
+	rm := uint16(65535)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ca, err := c.Connect(cctx, &paho.Connect{ClientID: id, KeepAlive: keepAlive, CleanStart: true,
+		Properties: &paho.ConnectProperties{ReceiveMaximum: &rm, RequestProblemInfo: true}})
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("connect %s to %s: %w", id, addr, err)
+	}
+	if ca.ReasonCode != 0 {
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("connect %s to %s: reason code 0x%02x", id, addr, ca.ReasonCode)
+	}
+	return c, conn, nil
+}
+
+// Subscribe subscribes c to filter at qos and checks the SUBACK.
+func Subscribe(ctx context.Context, c *paho.Client, filter string, qos byte) error {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sa, err := c.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: qos}}})
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", filter, err)
+	}
+	if len(sa.Reasons) > 0 && sa.Reasons[0] >= 0x80 {
+		return fmt.Errorf("subscribe %s: reason code 0x%02x", filter, sa.Reasons[0])
+	}
+	return nil
+}
