@@ -1,3 +1,7 @@
+// Package connections runs `luffy-bench connections`: N idle subscribed
+// MQTT v5 connections against luffymq, vanilla Mochi and Mosquitto, for
+// RSS per connection, the connect rate and the delivery of one command to
+// each.
 package connections
 
 import (

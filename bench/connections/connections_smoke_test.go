@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/luffymq/luffymq/bench"
 	"github.com/luffymq/luffymq/bench/connections"
+	"github.com/luffymq/luffymq/bench/shared"
 	"github.com/luffymq/luffymq/internal/testenv"
 )
 
@@ -29,7 +29,7 @@ func TestConnectionsSmoke(t *testing.T) {
 	defer cancel()
 	cfg := connections.DefaultConnectionsConfig()
 	cfg.Out, cfg.Connections, cfg.Repeat, cfg.Churn, cfg.SettleWindow, cfg.SettleMax = out, 200, 1, 200, time.Second, 3*time.Second
-	cfg.WriteSummary = bench.WriteSummary
+	cfg.WriteSummary = shared.WriteSummary
 	require.NoError(t, connections.RunConnections(ctx, cfg))
 
 	data, err := os.ReadFile(filepath.Join(out, "connections.json"))

@@ -1,3 +1,6 @@
+// Package reliability runs `luffy-bench reliability`: what gets lost,
+// stalled or dropped (a QoS 1 member crashing, a subscriber that never
+// reads, a QoS 0 burst) on luffymq, vanilla Mochi and Mosquitto.
 package reliability
 
 import (

@@ -1,3 +1,6 @@
+// Package sites runs scenario set C of docs/scenarios.md across sites on
+// real RabbitMQ nodes joined by delayed links: luffymq against RabbitMQ
+// federation full mesh, star, random placement and a central cloud broker.
 package sites
 
 import (

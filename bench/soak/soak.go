@@ -1,3 +1,6 @@
+// Package soak runs `luffy-bench soak`: connections in shared groups with
+// churn for a long time against luffymq, recording lost, duplicated,
+// latency, RSS and goroutines over time.
 package soak
 
 import (

@@ -173,3 +173,21 @@ func GroupedBars(p *plot.Plot, categories, names []string, colors []color.Color,
 	p.Y.Min = 0
 	return nil
 }
+
+// SecondTicks labels a time axis every 1, 2 or 5 s.
+type SecondTicks struct{}
+
+func (SecondTicks) Ticks(min, max float64) []plot.Tick {
+	step := 1.0
+	for _, st := range []float64{1, 2, 5, 10, 20, 30, 60} {
+		step = st
+		if (max-min)/st <= 12 {
+			break
+		}
+	}
+	var ts []plot.Tick
+	for v := math.Ceil(min/step) * step; v <= max; v += step {
+		ts = append(ts, plot.Tick{Value: v, Label: TrimFloat(v)})
+	}
+	return ts
+}

@@ -1,3 +1,7 @@
+// Package harness is what the bench packages share: starting the brokers
+// (luffymq, Mosquitto, vanilla Mochi) as processes of their own, free
+// ports, MQTT clients and payloads, latency statistics, plots, report and
+// flag helpers.
 package harness
 
 import (

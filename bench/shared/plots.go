@@ -1,4 +1,4 @@
-package bench
+package shared
 
 import (
 	"fmt"
@@ -283,7 +283,7 @@ func plotOverTime(path string, s Scenario, kind string, runs []RunResult) error 
 		p.Y.Max = hi * 1.3
 	}
 	p.X.Min = 0
-	p.X.Tick.Marker = secondTicks{}
+	p.X.Tick.Marker = harness.SecondTicks{}
 	addEventLine(p, s)
 	return p.Save(9*vg.Inch, 4.5*vg.Inch, path)
 }
@@ -354,7 +354,7 @@ func plotAdaptation(path string, s Scenario, kind string, runs []RunResult) erro
 	}
 	harness.LogAxis(p, harness.FloorPow10(math.Max(lo, floor)), harness.CeilPow10(hi)*8)
 	p.X.Min, p.X.Max = 0, maxT
-	p.X.Tick.Marker = secondTicks{}
+	p.X.Tick.Marker = harness.SecondTicks{}
 	limit, _ := plotter.NewLine(plotter.XYs{{X: 0, Y: adaptationLimit}, {X: maxT, Y: adaptationLimit}})
 	limit.Color = color.RGBA{200, 0, 0, 255}
 	limit.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
@@ -362,62 +362,4 @@ func plotAdaptation(path string, s Scenario, kind string, runs []RunResult) erro
 	p.Legend.Add("50 ms goal", limit)
 	addEventLine(p, s)
 	return p.Save(9*vg.Inch, 4.5*vg.Inch, path)
-}
-
-// plotThroughput draws msgs/s per test and system.
-func plotThroughput(path string, tp *ThroughputResults) error {
-	p := harness.NewPlot("Broker throughput (median msgs/s delivered; no bar: stalled in every run)", "test", "messages per second")
-	names := make([]string, len(ThroughputTests))
-	for i, t := range ThroughputTests {
-		names[i] = t.ID
-	}
-	n := len(ThroughputSystems)
-	w := vg.Points(16)
-	for j, sys := range ThroughputSystems {
-		vals := make(plotter.Values, len(ThroughputTests))
-		any := false
-		for i, t := range ThroughputTests {
-			a := throughputAggregate(tp, t.ID, sys)
-			if a.Runs > 0 {
-				any = true
-				if !math.IsNaN(a.Rate) {
-					vals[i] = a.Rate
-				}
-			}
-		}
-		if !any {
-			continue
-		}
-		b, err := plotter.NewBarChart(vals, w)
-		if err != nil {
-			return err
-		}
-		b.Offset = w * vg.Length(float64(j)-float64(n-1)/2)
-		b.Color = harness.SystemColor(sys)
-		b.LineStyle.Width = 0
-		p.Add(b)
-		p.Legend.Add(sys, b)
-	}
-	harness.CategoryAxis(p, names)
-	p.Y.Min = 0
-	p.Y.Max *= 1.35
-	return p.Save(8*vg.Inch, 4.5*vg.Inch, path)
-}
-
-// secondTicks labels a time axis every 1, 2 or 5 s.
-type secondTicks struct{}
-
-func (secondTicks) Ticks(min, max float64) []plot.Tick {
-	step := 1.0
-	for _, st := range []float64{1, 2, 5, 10, 20, 30, 60} {
-		step = st
-		if (max-min)/st <= 12 {
-			break
-		}
-	}
-	var ts []plot.Tick
-	for v := math.Ceil(min/step) * step; v <= max; v += step {
-		ts = append(ts, plot.Tick{Value: v, Label: harness.TrimFloat(v)})
-	}
-	return ts
 }

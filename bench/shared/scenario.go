@@ -1,7 +1,9 @@
-// Package bench runs LuffyMQ's benchmark scenarios (docs/scenarios.md sets A
-// and B) side by side against its baselines — Mosquitto, vanilla Mochi MQTT
-// and a perfect-information oracle — and writes JSON, markdown and plots.
-package bench
+// Package shared runs scenario set A of docs/scenarios.md (shared-
+// subscription latency) side by side against its baselines — Mosquitto,
+// vanilla Mochi MQTT, the live oracle and a perfect-information oracle —
+// and writes results.json, plots and summary.md, which also takes in the
+// throughput and connections results found beside it.
+package shared
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package bench
+package shared
 
 import (
 	"fmt"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/luffymq/luffymq/bench/connections"
 	"github.com/luffymq/luffymq/bench/internal/harness"
+	"github.com/luffymq/luffymq/bench/throughput"
 )
 
 // aggregate is the medians over repeats of one system in one scenario with
@@ -512,7 +513,7 @@ func WriteSummary(dir string) error {
 	if err != nil {
 		return err
 	}
-	tp, err := loadThroughput(filepath.Join(dir, "throughput.json"))
+	tp, err := throughput.Load(filepath.Join(dir, "throughput.json"))
 	if err != nil {
 		return err
 	}
@@ -563,7 +564,7 @@ func WriteSummary(dir string) error {
 	for _, g := range sharedGoals(byScenario) {
 		b.WriteString(g.String() + "\n")
 	}
-	for _, g := range throughputGoals(tp) {
+	for _, g := range throughput.Goals(tp) {
 		b.WriteString(g.String() + "\n")
 	}
 	if conn != nil {
@@ -628,7 +629,7 @@ func WriteSummary(dir string) error {
 		}
 	}
 	if tp != nil {
-		b.WriteString(throughputMarkdown(tp))
+		b.WriteString(throughput.Markdown(tp))
 	}
 	if conn != nil {
 		b.WriteString(connections.Summary(conn, dir))

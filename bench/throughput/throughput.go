@@ -1,4 +1,7 @@
-package bench
+// Package throughput runs scenario set B of docs/scenarios.md: broker
+// throughput, shared fan-in and plain fan-out, against vanilla Mochi and
+// Mosquitto.
+package throughput
 
 import (
 	"context"
@@ -124,7 +127,8 @@ type ThroughputResults struct {
 	dir string // where it was read from
 }
 
-func loadThroughput(path string) (*ThroughputResults, error) {
+// Load reads throughput.json at path, or returns nil when there is none.
+func Load(path string) (*ThroughputResults, error) {
 	data, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
 		return nil, nil
@@ -381,7 +385,8 @@ func (a throughputAgg) rateText() string {
 	return fmt.Sprintf("%.0f", a.Rate)
 }
 
-func throughputMarkdown(tp *ThroughputResults) string {
+// Markdown is the section of summary.md on set B.
+func Markdown(tp *ThroughputResults) string {
 	var b strings.Builder
 	c := tp.Config
 	stall := c.StallWindow
@@ -429,7 +434,8 @@ var throughputGoalList = []throughputGoal{
 	{"shared-qos1", harness.SystemMosquitto, 0.9}, {"fanout-qos1", harness.SystemMosquitto, 0.9},
 }
 
-func throughputGoals(tp *ThroughputResults) []harness.Goal {
+// Goals evaluates set B's goals, each "not measured" when tp is nil.
+func Goals(tp *ThroughputResults) []harness.Goal {
 	var gs []harness.Goal
 	for _, g := range throughputGoalList {
 		text := fmt.Sprintf("throughput %s: luffymq adaptive ≥ %.2f× %s", g.test, g.factor, refName(g.ref))

@@ -1,4 +1,4 @@
-package bench
+package throughput
 
 import (
 	"math"
@@ -93,7 +93,7 @@ func TestThroughputAggregateMediansAndStalls(t *testing.T) {
 	require.Equal(t, 2, mq.Dropped)
 
 	goals := map[string]harness.Goal{}
-	for _, g := range throughputGoals(tp) {
+	for _, g := range Goals(tp) {
 		goals[strings.TrimSuffix(strings.Fields(g.Text)[1], ":")] = g
 	}
 	require.Equal(t, "met", goals["shared-qos1"].Status, goals["shared-qos1"].Detail) // 10000 ≥ 0.9 × 11000
@@ -103,7 +103,7 @@ func TestThroughputAggregateMediansAndStalls(t *testing.T) {
 	require.Contains(t, goals["fanout-qos0"].Detail, "stalled (1 of 2 runs)")
 	require.Equal(t, "not measured", goals["fanout-qos1"].Status)
 
-	md := throughputMarkdown(tp)
+	md := Markdown(tp)
 	require.Contains(t, md, "| shared-qos1 | mochi | 8000; stalled (2 of 3 runs) |")
 	require.Contains(t, md, "| shared-qos0 | mochi | stalled (1 of 1 runs) | — | — |")
 }

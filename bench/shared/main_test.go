@@ -1,0 +1,9 @@
+package shared
+
+import (
+	"testing"
+
+	"github.com/luffymq/luffymq/bench/internal/harness"
+)
+
+func TestMain(m *testing.M) { harness.TestMain(m) }
