@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"testing"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -90,11 +89,12 @@ func mochiVersion() string {
 	return "Mochi MQTT " + mqtt.Version + " (separate process `luffy-bench " + MochiServerCommand + "`: default options, allow-all auth hook only)"
 }
 
-// TestMain runs a package's tests with m, or vanilla Mochi when
-// the test binary was started as `luffy-bench mochi-server`: a test that
-// starts vanilla Mochi runs it as a process of its own, and os.Executable
-// is the test binary there. Each bench package's TestMain calls it.
-func TestMain(m *testing.M) {
+// TestMain runs a package's tests with m (its *testing.M), or vanilla
+// Mochi when the test binary was started as `luffy-bench mochi-server`: a
+// test that starts vanilla Mochi runs it as a process of its own, and
+// os.Executable is the test binary there. Each bench package's TestMain
+// calls it.
+func TestMain(m interface{ Run() int }) {
 	if len(os.Args) < 2 || os.Args[1] != MochiServerCommand {
 		os.Exit(m.Run())
 	}
