@@ -50,11 +50,11 @@ const stateTTL = "1000"
 
 // newGroupRouter returns the router of an exported group of site, or nil
 // when c does not route by the other sites' states.
-func newGroupRouter(c WorkQueueConfig, site string) *wqroute.Router {
+func newGroupRouter(c WorkQueueConfig, site, broker string) *wqroute.Router {
 	if c.Route != RouteNearest || c.TTLOverflowOnly {
 		return nil
 	}
-	return wqroute.NewRouter(wqroute.Config{Site: site, StaleAfter: stateStaleIntervals * c.StateInterval})
+	return wqroute.NewRouter(wqroute.Config{Site: site, Broker: broker, StaleAfter: stateStaleIntervals * c.StateInterval})
 }
 
 // declareRouteTopology creates group g's route exchange and binds the
@@ -137,8 +137,10 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 				b.log.Debug("bridge: ignoring a malformed work-queue state", "exchange", x, "error", err)
 				continue
 			}
+			// The other brokers of this site publish here too: their
+			// members count with this broker's for local messages.
+			g.router.Observe(st, time.Now())
 			if st.Site != b.cfg.Site {
-				g.router.Observe(st, time.Now())
 				if err := b.dispatchHeld(ctx, dch, g); err != nil {
 					return err
 				}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/luffymq/luffymq/bridge"
+	"github.com/luffymq/luffymq/broker"
 	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
@@ -30,6 +31,9 @@ type routeSetup struct {
 	rate      int
 	local     string
 	localRate int
+	// siblingWorkers, if set, are members of a second broker at Tunis
+	// (broker ID "tunis-2"; the publisher stays on the first).
+	siblingWorkers []time.Duration
 	// during runs in its own goroutine once publishing starts.
 	during func(t *testing.T, h *rabbitharness.Harness)
 }
@@ -53,7 +57,7 @@ type routeResult struct {
 func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResult {
 	t.Helper()
 	share := "$share/" + s.group + "/jobs/" + s.group + "/#"
-	brokers := startWQSites(t, h, routeSites, share, bridge.WorkQueueConfig{
+	wqc := bridge.WorkQueueConfig{
 		MaxLengthPerMember: 3000,
 		TTLPerMember:       500 * time.Millisecond,
 		RetuneInterval:     100 * time.Millisecond,
@@ -61,7 +65,8 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 		// luffymq's --federation-max-hops default: the route exchange's
 		// own links must still take one hop only.
 		Federation: bridge.FederationConfig{MaxHops: 2},
-	})
+	}
+	brokers := startWQSites(t, h, routeSites, share, wqc)
 	tl := newTally()
 	members := 0
 	for site, services := range s.workers {
@@ -69,6 +74,18 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 			startWorker(t, brokers[site].MQTTAddr(), fmt.Sprintf("%s-%s-%d", s.group, site, i), share, site, svc, 5*time.Millisecond, tl)
 			members++
 		}
+	}
+	var sibling *broker.Broker // counted with the other brokers' members below
+	if s.siblingWorkers != nil {
+		sibling = startWQBroker(t, h, "tunis", "tunis-2", share, wqc)
+		for i, svc := range s.siblingWorkers {
+			startWorker(t, sibling.MQTTAddr(), fmt.Sprintf("%s-tunis2-%d", s.group, i), share, "tunis", svc, 5*time.Millisecond, tl)
+			members++
+		}
+	}
+	learnedAt := []*broker.Broker{brokers["tunis"], brokers["berlin"], brokers["montreal"]}
+	if sibling != nil {
+		learnedAt = append(learnedAt, sibling)
 	}
 	pubs := map[string]*mqtttest.Recorder{}
 	for _, name := range routeSites {
@@ -93,8 +110,8 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 	warm := warmupSeq
 	require.Eventually(t, func() bool {
 		learned := 0
-		for _, name := range routeSites {
-			for _, g := range brokers[name].Engine().Snapshot() {
+		for _, b := range learnedAt {
+			for _, g := range b.Engine().Snapshot() {
 				for _, m := range g.Members {
 					if g.Filter == share && m.Online && m.ServiceEstimate > 0 {
 						learned++
@@ -234,6 +251,19 @@ func TestWorkQueueRouting(t *testing.T) {
 		away := r.spilledTo["berlin"] + r.spilledTo["montreal"]
 		require.Positive(t, away, "no message went to the idle sites")
 		require.LessOrEqual(t, away, 14, "%d of tunis's 40 messages left for sites whose members take 1 s", away)
+	})
+	t.Run("a sibling broker's idle members keep the site's messages at home", func(t *testing.T) {
+		// As in the first case, but a second broker at Tunis has two idle
+		// 20 ms members: the site can start everything at once, and
+		// Tunis's broker must see it (the sibling's states) instead of
+		// sending half of it to Berlin as its own busy member would have
+		// it.
+		r := runRouting(t, h, routeSetup{group: "rsibling", route: bridge.RouteNearest, messages: 80, rate: 20,
+			workers:        map[string][]time.Duration{"tunis": {100 * ms}, "berlin": {20 * ms, 20 * ms}, "montreal": {20 * ms, 20 * ms}},
+			siblingWorkers: []time.Duration{20 * ms, 20 * ms}})
+		checkExactlyOnce(t, r)
+		away := r.spilledTo["berlin"] + r.spilledTo["montreal"]
+		require.LessOrEqual(t, away, 8, "%d of tunis's 80 messages left the site though a sibling broker's members were idle", away)
 	})
 	t.Run("a cut link sends new messages elsewhere and loses nothing", func(t *testing.T) {
 		// As in the first case, but both links between Tunis and Berlin
