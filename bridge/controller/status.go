@@ -16,12 +16,19 @@ type Status struct {
 	Algorithm     string  `json:"algorithm"`
 	Lambda        float64 `json:"lambda"`
 	PeriodSeconds float64 `json:"period_s"`
-	Rounds        uint64  `json:"rounds"`
+	// RateHalfLifePeriods and MoveMargin are the damping settings
+	// (--rate-half-life, --move-margin; 0: off).
+	RateHalfLifePeriods float64 `json:"rate_half_life_periods"`
+	MoveMargin          float64 `json:"move_margin"`
+	// Held lists the moves the hysteresis refused in the last round.
+	Held   []HeldMove `json:"held_moves"`
+	Rounds uint64     `json:"rounds"`
 	// LastRound is null before the first round.
 	LastRound *RoundInfo `json:"last_round"`
 	// Plan maps every global exchange to its synchronisation site.
 	Plan map[string]string `json:"plan"`
-	// Exchanges details the plan with the inputs of the last round.
+	// Exchanges details the plan with the inputs of the last round (the
+	// smoothed rates placement saw, when --rate-half-life is on).
 	Exchanges []ExchangeStatus `json:"exchanges"`
 	// PlanCost is eq. 2.1 for the current plan and PlanOverload how far
 	// it exceeds the bandwidth limits (bytes/s), on the last round's
@@ -122,14 +129,17 @@ func (c *Controller) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := Status{
-		Algorithm:     c.cfg.Algorithm,
-		Lambda:        c.cfg.Lambda,
-		PeriodSeconds: c.cfg.Period.Seconds(),
-		Rounds:        c.rounds,
-		LastRound:     c.lastRound,
-		Plan:          map[string]string{},
-		Exchanges:     []ExchangeStatus{},
-		LastChange:    c.lastChange,
+		Algorithm:           c.cfg.Algorithm,
+		Lambda:              c.cfg.Lambda,
+		PeriodSeconds:       c.cfg.Period.Seconds(),
+		RateHalfLifePeriods: c.cfg.RateHalfLife,
+		MoveMargin:          c.cfg.MoveMargin,
+		Held:                append([]HeldMove{}, c.held...),
+		Rounds:              c.rounds,
+		LastRound:           c.lastRound,
+		Plan:                map[string]string{},
+		Exchanges:           []ExchangeStatus{},
+		LastChange:          c.lastChange,
 	}
 	for k, v := range c.plan {
 		s.Plan[k] = v
