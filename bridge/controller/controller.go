@@ -48,6 +48,11 @@ type siteState struct {
 	// status API.
 	capacity       []GroupCapacity
 	luffyConnected bool
+	// luffy is the last read of the luffymq status API; overflowIn the
+	// work-queue overflow the site took from each other site over the
+	// period before it, in messages per second (nil before two reads).
+	luffy      *luffyStatus
+	overflowIn map[string]float64
 	// published is the configuration last published to the site, or found
 	// applied there on first contact; nil while unknown.
 	published   siteconfig.SiteConfig
@@ -76,6 +81,7 @@ type Controller struct {
 	lastRound  *RoundInfo
 	lastChange *Change
 	held       []HeldMove
+	wq         map[string]WorkQueueTraffic
 	addr       net.Addr
 }
 
@@ -245,6 +251,10 @@ func (c *Controller) Round(ctx context.Context) (*RoundResult, error) {
 			c.setReach(st, APILuffyMQ, r.luffyErr)
 			if r.luffyErr == nil {
 				st.capacity, st.luffyConnected = r.luffy.groups, r.luffy.connected
+				if st.luffy != nil {
+					st.overflowIn = overflowRates(st.luffy, r.luffy)
+				}
+				st.luffy = r.luffy
 			} else {
 				errs = append(errs, fmt.Errorf("site %s: luffymq API %s: %w", st.site.Name, redactURL(st.site.LuffyMQURL), r.luffyErr))
 			}
@@ -254,10 +264,17 @@ func (c *Controller) Round(ctx context.Context) (*RoundResult, error) {
 			rates[st.site.Name] = st.rates
 		}
 	}
+	received, sizes := map[string]map[string]float64{}, map[string]float64{}
+	for _, st := range c.sites {
+		if st.overflowIn != nil && st.rates != nil {
+			received[st.site.Name], sizes[st.site.Name] = st.overflowIn, st.rates.meanMessageSize
+		}
+	}
+	wq := workQueueTraffic(received, sizes)
 	oldPlan, seed := c.plan, c.rounds
 	c.mu.Unlock()
 
-	dec, err := c.decide(rates, samples, oldPlan, seed)
+	dec, err := c.decide(rates, samples, wq, oldPlan, seed)
 	if err != nil {
 		// Never expected: the input is built from validated sites.
 		errs = append(errs, err)
@@ -331,6 +348,7 @@ func (c *Controller) Round(ctx context.Context) (*RoundResult, error) {
 	}
 	c.inputs = dec.summary
 	c.held = dec.held
+	c.wq = wq
 	c.evaluation = eval
 	if change != nil {
 		c.lastChange = change
@@ -385,10 +403,15 @@ type decision struct {
 }
 
 // decide places the global exchanges on the (smoothed) rates of every
-// known site, from the plan oldPlan (or, for exchanges it lacks, the one
-// the sites' links show), and applies the hysteresis. It does no I/O.
-func (c *Controller) decide(rates map[string]*siteRates, samples map[string]*siteSample, oldPlan placement.Plan, seed uint64) (decision, error) {
+// known site, with the bandwidth the work-queue overflow wq leaves, from
+// the plan oldPlan (or, for exchanges it lacks, the one the sites' links
+// show), and applies the hysteresis. It does no I/O.
+func (c *Controller) decide(rates map[string]*siteRates, samples map[string]*siteSample, wq map[string]WorkQueueTraffic, oldPlan placement.Plan, seed uint64) (decision, error) {
 	in, summary := buildInput(c.cfg.Sites, rates, nil, c.cfg.Lambda, seed)
+	for i := range in.Sites {
+		t := wq[in.Sites[i].Name]
+		in.Sites[i].WorkQueueInbound, in.Sites[i].WorkQueueOutbound = t.In, t.Out
+	}
 	previous := recoverPrevious(in, samples, oldPlan)
 	for _, x := range in.Exchanges {
 		if p, ok := previous[x.Name]; ok {

@@ -65,7 +65,7 @@ func simulate(t *testing.T, halfLife, margin float64, patterns []pattern) (sites
 			r := c.damp.smooth(s, raw)
 			rates[s] = &r
 		}
-		dec, err := c.decide(rates, nil, plan, uint64(round))
+		dec, err := c.decide(rates, nil, nil, plan, uint64(round))
 		require.NoError(t, err)
 		plan = dec.result.Plan
 		sites = append(sites, plan["pubsub.x"])

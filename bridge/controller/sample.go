@@ -304,6 +304,12 @@ type GroupCapacity struct {
 type luffyStatus struct {
 	connected bool
 	groups    []GroupCapacity
+	// at is when it was read; fromSite counts, by origin site, the
+	// messages of other sites' overflow the site's members took, over
+	// every group (BridgeWorkQueue.FromSite: overflow through the intake
+	// and messages routed here).
+	at       time.Time
+	fromSite map[string]uint64
 }
 
 // readLuffyMQ reads the site's luffymq status API: the bridge (work
@@ -317,13 +323,16 @@ func readLuffyMQ(ctx context.Context, client *http.Client, s Site) (*luffyStatus
 	if err := getJSON(ctx, client, s, "/api/v1/groups", &gr); err != nil {
 		return nil, err
 	}
-	st := &luffyStatus{}
+	st := &luffyStatus{at: time.Now(), fromSite: map[string]uint64{}}
 	if br.Bridge == nil {
 		return st, nil
 	}
 	st.connected = br.Bridge.Connected
 	for _, wq := range br.Bridge.WorkQueues {
 		c := GroupCapacity{Group: wq.Group, MaxLength: wq.MaxLength, Weight: wq.Weight, Depth: wq.Depth}
+		for origin, n := range wq.FromSite {
+			st.fromSite[origin] += n
+		}
 		for _, g := range gr.Groups {
 			if !strings.HasPrefix(g.Filter, "$share/"+wq.Group+"/") {
 				continue

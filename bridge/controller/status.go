@@ -77,9 +77,14 @@ type SiteStatus struct {
 	OutboundBandwidth float64 `json:"outbound_bandwidth_bytes_per_s"`
 	// EstimatedInbound and EstimatedOutbound are the overlay traffic the
 	// current plan is expected to put on the site (eq. 2.10–2.11), bytes/s.
-	EstimatedInbound  float64  `json:"estimated_inbound_bytes_per_s"`
-	EstimatedOutbound float64  `json:"estimated_outbound_bytes_per_s"`
-	WorkQueues        []string `json:"work_queues"`
+	EstimatedInbound  float64 `json:"estimated_inbound_bytes_per_s"`
+	EstimatedOutbound float64 `json:"estimated_outbound_bytes_per_s"`
+	// WorkQueueOverflow is the work-queue overflow the site received from
+	// and sent to other sites over the last period, estimated from the
+	// luffymq status APIs; placement gives pub/sub what it leaves of the
+	// bandwidth.
+	WorkQueueOverflow WorkQueueTraffic `json:"work_queue_overflow"`
+	WorkQueues        []string         `json:"work_queues"`
 	// Capacity is each work-queue group's capacity from the luffymq API.
 	Capacity []GroupCapacity `json:"capacity"`
 	// LuffyMQConnected is the site bridge's link to RabbitMQ, as luffymq
@@ -182,6 +187,7 @@ func (c *Controller) Status() Status {
 			ss.EstimatedInbound = c.evaluation.InboundLoad[st.site.Name]
 			ss.EstimatedOutbound = c.evaluation.OutboundLoad[st.site.Name]
 		}
+		ss.WorkQueueOverflow = c.wq[st.site.Name]
 		if st.published != nil {
 			ss.Config = map[string][]string{}
 			for k, uris := range st.published {
