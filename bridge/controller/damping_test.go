@@ -2,10 +2,12 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,26 +16,32 @@ import (
 	"github.com/luffymq/luffymq/bridge/placement"
 )
 
-// dampingSites are three sites 40 ms from each other.
-func dampingSites(t *testing.T) *Sites {
+// triangleSites are sites a, b and c, 40 ms from each other, each with
+// the given inbound bandwidth ("" for unlimited).
+func triangleSites(t *testing.T, inbound string) *Sites {
 	t.Helper()
-	ss, err := ParseSites("damping.yaml", []byte(`
-sites:
-  - name: a
-    amqp_url: amqp://a:5672/
-    management_url: http://a:15672
-  - name: b
-    amqp_url: amqp://b:5672/
-    management_url: http://b:15672
-  - name: c
-    amqp_url: amqp://c:5672/
-    management_url: http://c:15672
-delays_ms:
-  a: {b: 40, c: 40}
-  b: {c: 40}
-`))
-	require.NoError(t, err)
+	var b strings.Builder
+	b.WriteString("sites:\n")
+	for _, s := range []string{"a", "b", "c"} {
+		fmt.Fprintf(&b, "  - {name: %s, amqp_url: \"amqp://%s:5672/\", management_url: \"http://%s:15672\"", s, s, s)
+		if inbound != "" {
+			fmt.Fprintf(&b, ", inbound_bandwidth: %s", inbound)
+		}
+		b.WriteString("}\n")
+	}
+	b.WriteString("delays_ms: {a: {b: 40, c: 40}, b: {c: 40}}\n")
+	ss, err := ParseSites("triangle.yaml", []byte(b.String()))
+	require.NoError(t, err, b.String())
 	return ss
+}
+
+// quietController returns a controller over sites whose logs are dropped.
+func quietController(t *testing.T, cfg Config) *Controller {
+	t.Helper()
+	cfg.Period, cfg.Lambda, cfg.Logger = time.Minute, DefaultLambda, slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := New(cfg)
+	require.NoError(t, err)
+	return c
 }
 
 // pattern is one period's traffic of pubsub.x: messages per second
@@ -52,9 +60,7 @@ var (
 // site of pubsub.x after each round and the moves held.
 func simulate(t *testing.T, halfLife, margin float64, patterns []pattern) (sites []string, held int) {
 	t.Helper()
-	c, err := New(Config{Sites: dampingSites(t), Period: time.Minute, Lambda: DefaultLambda,
-		RateHalfLife: halfLife, MoveMargin: margin, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
+	c := quietController(t, Config{Sites: triangleSites(t, ""), RateHalfLife: halfLife, MoveMargin: margin})
 	plan := placement.Plan{}
 	for round, p := range patterns {
 		rates := map[string]*siteRates{}
@@ -181,7 +187,7 @@ func TestDampingFollowsDynamicPhases(t *testing.T) {
 // would overload the site, so the move stands even when its gain in
 // latency is within the margin.
 func TestDampingHoldYieldsToBandwidth(t *testing.T) {
-	ss := dampingSites(t)
+	ss := triangleSites(t, "")
 	in, _ := buildInput(ss, map[string]*siteRates{
 		"a": {exchanges: map[string]InstanceRates{"pubsub.x": {Site: "a", LocalPublished: 50, LocalConsumed: 30, OverlayIn: 100, OverlayOut: 100}}, meanMessageSize: 1000},
 		"b": {exchanges: map[string]InstanceRates{"pubsub.x": {Site: "b", LocalPublished: 50, LocalConsumed: 30, OverlayOut: 50, OverlayIn: 50}}, meanMessageSize: 1000},

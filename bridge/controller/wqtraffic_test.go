@@ -1,8 +1,6 @@
 package controller
 
 import (
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -39,18 +37,7 @@ func TestWorkQueueOverflowRates(t *testing.T) {
 // receives leaves room for x's sync traffic (60 kB/s of 100 kB/s); when
 // the luffymq counters say it receives 70 kB/s of overflow, x moves.
 func TestWorkQueueOverflowInPlacement(t *testing.T) {
-	ss, err := ParseSites("wq.yaml", []byte(`
-sites:
-  - {name: a, amqp_url: "amqp://a:5672/", management_url: "http://a:15672", inbound_bandwidth: 100 kB/s}
-  - {name: b, amqp_url: "amqp://b:5672/", management_url: "http://b:15672", inbound_bandwidth: 100 kB/s}
-  - {name: c, amqp_url: "amqp://c:5672/", management_url: "http://c:15672", inbound_bandwidth: 100 kB/s}
-delays_ms:
-  a: {b: 40, c: 40}
-  b: {c: 40}
-`))
-	require.NoError(t, err)
-	c, err := New(Config{Sites: ss, Period: time.Minute, Lambda: DefaultLambda, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
+	c := quietController(t, Config{Sites: triangleSites(t, "100 kB/s")})
 	rates := map[string]*siteRates{
 		"a": {meanMessageSize: 1000, exchanges: map[string]InstanceRates{"pubsub.x": {Site: "a", LocalPublished: 80, LocalConsumed: 80, OverlayIn: 60, OverlayOut: 60}}},
 		"b": {meanMessageSize: 1000, exchanges: map[string]InstanceRates{"pubsub.x": {Site: "b", LocalPublished: 30, LocalConsumed: 30, OverlayIn: 40, OverlayOut: 30}}},
