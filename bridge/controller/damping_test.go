@@ -279,3 +279,26 @@ func TestDampingFlags(t *testing.T) {
 		require.True(t, errors.Is(err, ErrInvalidConfig), "%v", err)
 	}
 }
+
+// TestDampingReported checks what /api/v1/status and /metrics say of the
+// damping: the settings, the moves held in the last round (an empty list,
+// not null, when none) and the count of held moves per exchange.
+func TestDampingReported(t *testing.T) {
+	c := quietController(t, Config{Sites: triangleSites(t, ""), RateHalfLife: 2, MoveMargin: 0.15})
+	body := scrape(t, c.Handler(), "/api/v1/status")
+	require.Contains(t, body, `"rate_half_life_periods": 2,`)
+	require.Contains(t, body, `"move_margin": 0.15,`)
+	require.Contains(t, body, `"held_moves": [],`)
+	require.Contains(t, body, `"work_queue_overflow": {`)
+
+	held := []HeldMove{{Exchange: "pubsub.x", Site: "a", Candidate: "b", CostMs: 53.3, CandidateCostMs: 49.1, Rounds: 3}}
+	c.mu.Lock()
+	c.held = held
+	c.mu.Unlock()
+	require.Equal(t, held, c.Status().Held)
+	c.metrics.observePlan(placement.Plan{"pubsub.x": "a"}, placement.Plan{"pubsub.x": "a"}, nil, nil, held)
+	c.metrics.observePlan(placement.Plan{"pubsub.x": "a"}, placement.Plan{"pubsub.x": "a"}, nil, nil, held)
+	metrics := scrape(t, c.Handler(), "")
+	require.Contains(t, metrics, `luffy_controller_moves_held_total{exchange="pubsub.x"} 2`)
+	require.Contains(t, metrics, "luffy_controller_moves_held 1")
+}

@@ -45,7 +45,8 @@ type Status struct {
 type ExchangeStatus struct {
 	Name     string `json:"name"`
 	SyncSite string `json:"sync_site"`
-	// Reason is why placement chose SyncSite in the last round.
+	// Reason is why placement chose SyncSite in the last round, or
+	// "held" when the move margin kept it there (see Status.Held).
 	Reason string `json:"reason"`
 	// TrafficPerS is P(E_i), the exchange's local publishes and
 	// deliveries per second over all sites (the busiest goes first).
