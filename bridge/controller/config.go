@@ -154,7 +154,7 @@ func ConfigFromArgs(args []string, usage io.Writer) (Config, error) {
 	fs.BoolVar(&c.Once, "once", false, "run one round, print the status JSON on stdout and exit (1 if a site could not be read or configured); no HTTP server")
 	fs.DurationVar(&c.FirstWindow, "first-window", DefaultFirstWindow, "how long the first round (and --once) measures each site's traffic before placing, as it has no earlier read to count from")
 	c.RateHalfLife, c.MoveMargin = DefaultRateHalfLife, DefaultMoveMargin
-	fs.Float64Var(&c.RateHalfLife, "rate-half-life", DefaultRateHalfLife, "half-life, in periods, of the moving average of the rates placement sees, so that a phase of one period does not move synchronisation sites (0: each period's rates as they are)")
+	fs.Float64Var(&c.RateHalfLife, "rate-half-life", DefaultRateHalfLife, "half-life, in periods, of the moving average of the rates placement sees: with --move-margin, keeps short phases of traffic from moving synchronisation sites back and forth (0: each period's rates as they are)")
 	fs.Var(fractionFlag{&c.MoveMargin}, "move-margin", "move an exchange's synchronisation site only when that lowers its cost (eq. 2.1, λ included) by more than this fraction, or relieves overloaded bandwidth, e.g. 10% or 0.1 (0: on any gain)")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", DefaultRequestTimeout, "bound on each request to a site's management API, luffymq API or RabbitMQ")
 	if err := fs.Parse(args); err != nil {

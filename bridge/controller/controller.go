@@ -620,7 +620,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		}()
 	}
 	c.log.Info("luffy-controller started", "sites", len(c.sites), "period", c.cfg.Period, "algorithm", c.cfg.Algorithm,
-		"lambda", c.cfg.Lambda, "http", c.HTTPAddr())
+		"lambda", c.cfg.Lambda, "rate_half_life_periods", c.cfg.RateHalfLife, "move_margin", c.cfg.MoveMargin, "http", c.HTTPAddr())
 	tick := time.NewTicker(c.cfg.Period)
 	defer tick.Stop()
 	for {
