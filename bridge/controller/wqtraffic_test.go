@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -59,4 +60,21 @@ func TestWorkQueueOverflowInPlacement(t *testing.T) {
 		require.InDelta(t, 2*tt.overflowPerS*1000, dec.in.Sites[0].WorkQueueInbound, 1e-6)
 		require.InDelta(t, tt.overflowPerS*1000, dec.in.Sites[1].WorkQueueOutbound, 1e-6)
 	}
+}
+
+// TestChannelListToleratesEmptyDetails decodes a channel list as RabbitMQ
+// writes it while a connection closes: connection details and statistics
+// of such a channel come as [] instead of an object. (Under load, the
+// whole round used to fail with "cannot unmarshal array into ...
+// connection_details".)
+func TestChannelListToleratesEmptyDetails(t *testing.T) {
+	var channels []channelPublishes
+	require.NoError(t, json.Unmarshal([]byte(`[
+		{"connection_details": [], "message_stats": []},
+		{"connection_details": {"name": "conn-1"}, "message_stats": {"publish": 3}}
+	]`), &channels))
+	require.Equal(t, "", channels[0].connection())
+	require.Zero(t, channels[0].published())
+	require.Equal(t, "conn-1", channels[1].connection())
+	require.Equal(t, int64(3), channels[1].published())
 }
