@@ -65,23 +65,6 @@ func startedAfter(r routeResult, site string, at time.Time) int {
 	return n
 }
 
-// publishedBetween counts Tunis's messages published in [from, to) and
-// those of them first started at site.
-func publishedBetween(r routeResult, from, to time.Time, site string) (n, at int) {
-	r.tl.mu.Lock()
-	defer r.tl.mu.Unlock()
-	for i, sent := range r.sent {
-		if sent.Before(from) || !sent.Before(to) {
-			continue
-		}
-		n++
-		if r.tl.firstSite[i] == site {
-			at++
-		}
-	}
-	return n, at
-}
-
 // TestWorkQueueRoutingFailures kills Berlin's RabbitMQ node, and then the
 // whole Berlin site, while Tunis routes its overflow there (issue 22). It
 // runs on nodes of its own: the shared ones are not killed under the

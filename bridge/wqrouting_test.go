@@ -225,6 +225,23 @@ func checkExactlyOnce(t *testing.T, r routeResult) {
 	require.Equal(t, distinct, ids, "a message was processed under two message IDs, or two messages under one")
 }
 
+// publishedBetween counts Tunis's messages published in [from, to) and
+// those of them first started at site.
+func publishedBetween(r routeResult, from, to time.Time, site string) (n, at int) {
+	r.tl.mu.Lock()
+	defer r.tl.mu.Unlock()
+	for i, sent := range r.sent {
+		if sent.Before(from) || !sent.Before(to) {
+			continue
+		}
+		n++
+		if r.tl.firstSite[i] == site {
+			at++
+		}
+	}
+	return n, at
+}
+
 func TestWorkQueueRouting(t *testing.T) {
 	h := sharedNodes(t)
 	ms := time.Millisecond
@@ -316,19 +333,7 @@ func TestWorkQueueRouting(t *testing.T) {
 		checkExactlyOnce(t, r)
 		_, dups, _, _ := r.tl.counts()
 		t.Logf("duplicate deliveries (same message ID, deduplicated by members): %d", dups)
-		r.tl.mu.Lock()
-		defer r.tl.mu.Unlock()
-		stale := cutAt.Add(2 * time.Second)
-		late, atBerlin := 0, 0
-		for i, at := range r.sent {
-			if at.Before(stale) || !at.Before(restoredAt) {
-				continue
-			}
-			late++
-			if r.tl.firstSite[i] == "berlin" {
-				atBerlin++
-			}
-		}
+		late, atBerlin := publishedBetween(r, cutAt.Add(2*time.Second), restoredAt, "berlin")
 		// Routing sends none there; a message kept at Tunis that
 		// outlives its TTL still leaves through the hash ring, which may
 		// pick Berlin (with the ring alone, 23 of 54 went there).
