@@ -122,7 +122,8 @@ func TestHarness(t *testing.T) {
 
 // TestKillRestartNode crashes a node holding a durable queue with a
 // persistent message and restarts it: the message is there again, on the
-// same ports, and Close still stops everything.
+// same ports; so it is after a clean stop; and Close still stops
+// everything, a killed node among them.
 func TestKillRestartNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts RabbitMQ nodes")
@@ -190,6 +191,8 @@ func TestKillRestartNode(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, "kept again", string(d.Body))
 
+	// Close with one node restarted twice and now killed again.
+	require.NoError(t, h.KillNode("berlin"))
 	require.NoError(t, h.Close())
-	require.Empty(t, markedPIDs(func(v string) bool { return strings.HasPrefix(v, h.marker) }), "a process survived Close after a restart")
+	require.Empty(t, markedPIDs(func(v string) bool { return strings.HasPrefix(v, h.marker) }), "a process survived Close after a restart and a kill")
 }
