@@ -15,41 +15,45 @@ import (
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
 
-// queuedOn counts the messages in n's queues whose name matches, by a
-// passive declare of each (the management API's counts lag, and are
+// queuedOn counts the messages in n's queues whose name matches, and
+// lists the non-empty ones ("site: name n; "), by a passive declare of each (the management API's counts lag, and are
 // missing for a while after a restart). It may run outside the test's
 // goroutine: it returns errors rather than failing t.
-func queuedOn(n *rabbitharness.Node, match func(name string) bool) (int, error) {
+func queuedOn(n *rabbitharness.Node, match func(name string) bool) (int, string, error) {
 	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	qs, err := rh.ListQueues()
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	conn, err := amqp.Dial(n.AMQPURL())
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	defer conn.Close()
 	total := 0
+	var where strings.Builder
 	for _, q := range qs {
 		if !match(q.Name) {
 			continue
 		}
 		ch, err := conn.Channel()
 		if err != nil {
-			return 0, err
+			return 0, "", err
 		}
 		st, err := ch.QueueDeclarePassive(q.Name, q.Durable, bool(q.AutoDelete), q.Exclusive, false, nil)
 		if err != nil {
-			return 0, fmt.Errorf("queue %s: %w", q.Name, err)
+			return 0, "", fmt.Errorf("queue %s: %w", q.Name, err)
 		}
 		_ = ch.Close()
 		total += st.Messages
+		if st.Messages > 0 {
+			fmt.Fprintf(&where, "%s: %s %d; ", n.Site, q.Name, st.Messages)
+		}
 	}
-	return total, nil
+	return total, where.String(), nil
 }
 
 // startedAfter counts Tunis's messages first started at site after at.
@@ -178,28 +182,31 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 				toBerlin := func(name string) bool {
 					return strings.HasPrefix(name, "federation: ") && strings.Contains(name, "-> "+strings.TrimSuffix(run.h.Node("berlin").Name, "@localhost")+"@")
 				}
+				var where string
 				for _, site := range []string{"tunis", "montreal"} {
-					n, err := queuedOn(run.h.Node(site), toBerlin)
+					n, w, err := queuedOn(run.h.Node(site), toBerlin)
 					if err != nil {
 						t.Error(err)
 						return
 					}
 					onLinks += n
+					where += w
 				}
 				if err := run.h.RestartNode(context.Background(), "berlin"); err != nil {
 					t.Error(err)
 					return
 				}
 				restartedAt = time.Now()
+				var w string
 				var err error
-				inIntake, err = queuedOn(run.h.Node("berlin"), func(name string) bool {
+				inIntake, w, err = queuedOn(run.h.Node("berlin"), func(name string) bool {
 					return name == bridge.WorkQueueName("rdead") || name == bridge.IntakeQueueName("rdead")
 				})
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				t.Logf("rdead: %d of tunis's messages unprocessed while berlin was dead; %d in federation links to berlin's node, %d in berlin's work queues (just after its restart)", missing, onLinks, inIntake)
+				t.Logf("rdead: %d of tunis's messages unprocessed while berlin was dead; %d in federation links to berlin's node, %d in berlin's work queues (just after its restart): %s%s", missing, onLinks, inIntake, where, w)
 				// Berlin comes back: a broker and two members. (Should
 				// they fail to start, require's Goexit still closes the
 				// hook's done channel, and the final count fails.)
