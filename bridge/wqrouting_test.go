@@ -34,8 +34,20 @@ type routeSetup struct {
 	// siblingWorkers, if set, are members of a second broker at Tunis
 	// (broker ID "tunis-2"; the publisher stays on the first).
 	siblingWorkers []time.Duration
-	// during runs in its own goroutine once publishing starts.
-	during func(t *testing.T, h *rabbitharness.Harness)
+	// during runs in its own goroutine once publishing starts; the
+	// final count waits for it.
+	during func(t *testing.T, run *routeRun)
+}
+
+// routeRun is a routing scenario under way, as its during hook sees it.
+type routeRun struct {
+	h       *rabbitharness.Harness
+	brokers map[string]*broker.Broker
+	share   string
+	wqc     bridge.WorkQueueConfig
+	tl      *tally
+	// published is closed once Tunis published its last message.
+	published chan struct{}
 }
 
 // Sequence numbers of the routing tests' messages: Tunis's are 0…, the
@@ -141,10 +153,11 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 
 	sent := make([]time.Time, s.messages)
 	done := make(chan struct{})
+	run := &routeRun{h: h, brokers: brokers, share: share, wqc: wqc, tl: tl, published: make(chan struct{})}
 	if s.during != nil {
 		go func() {
 			defer close(done)
-			s.during(t, h)
+			s.during(t, run)
 		}()
 	} else {
 		close(done)
@@ -179,6 +192,7 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 		send("tunis", i)
 	}
 	tick.Stop()
+	close(run.published)
 	<-done
 	require.Eventually(t, func() bool {
 		tl.mu.Lock()
@@ -209,6 +223,23 @@ func checkExactlyOnce(t *testing.T, r routeResult) {
 	t.Helper()
 	distinct, _, ids, _ := r.tl.counts()
 	require.Equal(t, distinct, ids, "a message was processed under two message IDs, or two messages under one")
+}
+
+// publishedBetween counts Tunis's messages published in [from, to) and
+// those of them first started at site.
+func publishedBetween(r routeResult, from, to time.Time, site string) (n, at int) {
+	r.tl.mu.Lock()
+	defer r.tl.mu.Unlock()
+	for i, sent := range r.sent {
+		if sent.Before(from) || !sent.Before(to) {
+			continue
+		}
+		n++
+		if r.tl.firstSite[i] == site {
+			at++
+		}
+	}
+	return n, at
 }
 
 func TestWorkQueueRouting(t *testing.T) {
@@ -275,7 +306,8 @@ func TestWorkQueueRouting(t *testing.T) {
 		var cutAt, restoredAt time.Time
 		r := runRouting(t, h, routeSetup{group: "rcut", route: bridge.RouteNearest, messages: 140, rate: 20,
 			workers: map[string][]time.Duration{"tunis": {100 * ms}, "berlin": {20 * ms, 20 * ms}, "montreal": {20 * ms, 20 * ms}},
-			during: func(t *testing.T, h *rabbitharness.Harness) {
+			during: func(t *testing.T, run *routeRun) {
+				h := run.h
 				time.Sleep(time.Second) // let messages be booked to Berlin
 				links := make([]*rabbitharness.Link, 0, 2)
 				for _, pair := range [][2]string{{"tunis", "berlin"}, {"berlin", "tunis"}} {
@@ -301,19 +333,7 @@ func TestWorkQueueRouting(t *testing.T) {
 		checkExactlyOnce(t, r)
 		_, dups, _, _ := r.tl.counts()
 		t.Logf("duplicate deliveries (same message ID, deduplicated by members): %d", dups)
-		r.tl.mu.Lock()
-		defer r.tl.mu.Unlock()
-		stale := cutAt.Add(2 * time.Second)
-		late, atBerlin := 0, 0
-		for i, at := range r.sent {
-			if at.Before(stale) || !at.Before(restoredAt) {
-				continue
-			}
-			late++
-			if r.tl.firstSite[i] == "berlin" {
-				atBerlin++
-			}
-		}
+		late, atBerlin := publishedBetween(r, cutAt.Add(2*time.Second), restoredAt, "berlin")
 		// Routing sends none there; a message kept at Tunis that
 		// outlives its TTL still leaves through the hash ring, which may
 		// pick Berlin (with the ring alone, 23 of 54 went there).
