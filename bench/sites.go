@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -100,6 +101,10 @@ func DefaultSitesConfig() SitesConfig {
 // 1 s service time over ServiceTime.
 func (c SitesConfig) timeFactor() float64 { return float64(time.Second) / float64(c.ServiceTime) }
 
+// scaleText is a time scale as the reports show it, to two decimals: 1 s
+// over 333 ms is 3×, not 3.003003…×.
+func scaleText(f float64) string { return trimFloat(math.Round(f*100) / 100) }
+
 // ScaledWQ returns c with every zero work-queue constant set to luffymq's
 // default (bridge.Default…), the TTL per member divided by the time scale
 // (to the millisecond): it is the time a message waits at its site,
@@ -174,7 +179,7 @@ func errWQFlagsUnsupported(bin string) error {
 func (c SitesConfig) describeWQ() string {
 	c = c.ScaledWQ()
 	return fmt.Sprintf("luffymq's work queues get wq TTL per member %s at %s× scale (default %s), retune interval %s (default %s), max length %d and unacked %d per member",
-		fmtFlagDur(c.WQTTLPerMember), trimFloat(c.timeFactor()), fmtFlagDur(bridge.DefaultTTLPerMember), fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval),
+		fmtFlagDur(c.WQTTLPerMember), scaleText(c.timeFactor()), fmtFlagDur(bridge.DefaultTTLPerMember), fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval),
 		c.WQMaxLengthPerMember, c.WQUnackedPerMember)
 }
 
@@ -259,7 +264,7 @@ func (c SitesConfig) TimeScale() string {
 			c.ServiceTime, trimFloat(c.ProducerRate), c.ReconfigPeriod, c.describeWQ())
 	}
 	return fmt.Sprintf("time scaled %s× down from the thesis: consumers take %s per message instead of 1 s, producers send %s msg/s instead of %s, the reconfiguration period is %s instead of 30 s (benchmark setting of issue 8; the thesis used 2 min), %s; network delays are not scaled (one-way delays of scenarios.md §C)",
-		trimFloat(f), c.ServiceTime, trimFloat(c.ProducerRate), trimFloat(c.ProducerRate/f), c.ReconfigPeriod, c.describeWQ())
+		scaleText(f), c.ServiceTime, trimFloat(c.ProducerRate), trimFloat(c.ProducerRate/f), c.ReconfigPeriod, c.describeWQ())
 }
 
 // SiteOverlay is one site's overlay traffic during a run's measurement.
