@@ -394,6 +394,31 @@ func (r *Router) Unbook(site string) {
 	}
 }
 
+// StaleSites appends to dst the other sites whose newest state arrived
+// more than after before now: sites heard of once whose brokers all went
+// silent (a site down, its node gone, or the links to it cut).
+func (r *Router) StaleSites(now time.Time, after time.Duration, dst []string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.sites {
+		if now.Sub(s.arrived) > after {
+			dst = append(dst, s.name)
+		}
+	}
+	return dst
+}
+
+// Outstanding is how many of the messages Route sent to site (less those
+// taken back by Unbook) its brokers have not taken.
+func (r *Router) Outstanding(site string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.find(site); s != nil {
+		return s.outstanding()
+	}
+	return 0
+}
+
 // FreshSites counts the sites whose state is fresh at now and
 // predictable: the candidates of Route.
 func (r *Router) FreshSites(now time.Time) int {
