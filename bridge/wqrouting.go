@@ -206,6 +206,7 @@ func (b *Bridge) dispatchHeld(ctx context.Context, ch *amqp.Channel, g *workGrou
 			headers = amqp.Table{}
 		}
 		headers[headerRouted] = true
+		headers[headerBookedBy] = b.cfg.BrokerID
 		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, RouteExchangeName(g.name), site, false, false, amqp.Publishing{
 			Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
 			Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,

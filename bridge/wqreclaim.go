@@ -1,0 +1,228 @@
+package bridge
+
+// Taking back what waits for a dead site (--wq-route nearest, issue 22).
+//
+// A message routed to another site waits, until that site's federation
+// link takes it, in the link's queue on this site's node
+// ("federation: wq.<g>.to -> <its node>"), bound to wq.<g>.to with the
+// site's name as key. Only that site's link consumes it: when the site
+// dies, nothing else would, and the queue drops it after the federation's
+// MessageTTL. Once a site's state has not arrived for reclaimAfter, the
+// broker that retunes the group for this site (RetuneOwner) takes back,
+// with basic.get, what waits there: the states of this site are dropped,
+// each work message is published into the local work queue wq.<g>
+// (publisher confirm), and only then acknowledged in the link queue. From
+// wq.<g> it is started here, dispatched to the site that would start it
+// soonest as the states arrive (dispatchHeld), or sent on by the hash ring
+// after its TTL, as any local publish. basic.get hands each message to one
+// taker: if the site's link comes back meanwhile, each message goes either
+// to the link or here, never to both (a failure between the confirm and
+// the acknowledgement leaves a copy in each: at-least-once).
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// reclaimStaleIntervals is how many StateIntervals a site's state must be
+// missing before what waits for it is taken back: twice the staleness
+// after which it is no longer routed to (3 s at the default 100 ms). A
+// link blip, a stalled node or a federation link's reconnection (1 s
+// apart) is over by then and its link drains the queue itself; a dead
+// site's messages wait 3 s more than need be, not an hour.
+const reclaimStaleIntervals = 2 * stateStaleIntervals
+
+// headerBookedBy names the broker whose router booked a routed message to
+// its site: the one that unbooks it if it is taken back.
+const headerBookedBy = "x-luffymq-booked-by"
+
+// headerReclaimedFrom marks a message taken back from the link queue of
+// the site it was routed to (for tracing; nothing reads it).
+const headerReclaimedFrom = "x-luffymq-reclaimed-from"
+
+// maxReclaimPass bounds the messages one pass takes from one queue.
+const maxReclaimPass = 10_000
+
+// reclaimCount is what a pass took back from the queues towards a site.
+type reclaimCount struct {
+	work, states, unbooked uint64
+	queues                 []string
+}
+
+// reclaimLoop takes back, while this broker retunes group g, what waits
+// in this node's link queues for a site whose state stopped arriving: a
+// first pass reclaimAfter after its last state, then one every
+// reclaimAfter while it stays silent.
+func (b *Bridge) reclaimLoop(ctx context.Context, conn *amqp.Connection, g *workGroup) error {
+	interval := b.cfg.WorkQueue.StateInterval
+	after := reclaimStaleIntervals * interval
+	tick := time.NewTicker(stateHeartbeatIntervals * interval)
+	defer tick.Stop()
+	last := map[string]time.Time{} // a site's last pass
+	var silent []string
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if !b.RetuneOwner(g.name) {
+			clear(last)
+			continue
+		}
+		now := time.Now()
+		silent = g.router.StaleSites(now, after, silent[:0])
+		for site := range last {
+			if !slices.Contains(silent, site) {
+				delete(last, site) // heard again: its next silence starts afresh
+			}
+		}
+		for _, site := range silent {
+			if now.Sub(last[site]) < after {
+				continue
+			}
+			last[site] = now
+			c, err := b.reclaimSite(ctx, conn, g, site)
+			if c.work+c.states > 0 {
+				b.log.Info("bridge: took back what waited for a silent site in this node's federation link queues", "queue", g.queue(),
+					"site", site, "reclaimed", c.work, "states_dropped", c.states, "unbooked", c.unbooked,
+					"still_booked", g.router.Outstanding(site), "link_queues", c.queues)
+			}
+			if c.work > 0 {
+				b.wake()
+			}
+			if err != nil {
+				if conn.IsClosed() {
+					return err
+				}
+				b.log.Warn("bridge: taking back what waits for a silent site failed; will try again", "queue", g.queue(), "site", site, "error", err)
+			}
+		}
+	}
+}
+
+// reclaimSite takes back what waits for site in this node's link queues of
+// g's route exchange.
+func (b *Bridge) reclaimSite(ctx context.Context, conn *amqp.Connection, g *workGroup, site string) (reclaimCount, error) {
+	var c reclaimCount
+	held, err := b.linkQueuesTo(RouteExchangeName(g.name), site)
+	if err != nil {
+		return c, err
+	}
+	for _, h := range held {
+		c.queues = append(c.queues, h.queue)
+		if err := b.reclaimQueue(ctx, conn, g, h.queue, &c); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// linkQueuesTo finds the federation link queues on this node that hold
+// what x routes to site: behind the x-federation-upstream exchanges bound
+// from x with site's name as key, located as the conservation agent
+// locates a removed link's queues (locateHeld).
+func (b *Bridge) linkQueuesTo(x, site string) ([]heldQueue, error) {
+	vhost := b.vhost()
+	bs, err := b.rh.ListExchangeBindingsWithSource(vhost, x)
+	if err != nil {
+		return nil, fmt.Errorf("listing bindings of %s: %w", x, err)
+	}
+	seen := map[string]bool{}
+	var out []heldQueue
+	for _, bd := range bs {
+		if bd.DestinationType != "exchange" || bd.RoutingKey != site {
+			continue
+		}
+		ux, err := b.rh.GetExchange(vhost, bd.Destination)
+		if isNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading exchange %s: %w", bd.Destination, err)
+		}
+		if ux.Type != federationUpstreamExchangeType {
+			continue
+		}
+		held, err := b.locateHeld(conserveRequest{Exchange: x, LocalExchange: x,
+			Downstream: argString(ux.Arguments, federationDownstreamNameArg), DownstreamVhost: argString(ux.Arguments, federationDownstreamVhostArg)})
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range held {
+			if !seen[h.queue] {
+				seen[h.queue] = true
+				out = append(out, h)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].queue < out[j].queue })
+	return out, nil
+}
+
+// reclaimQueue takes what queue holds, one message at a time, on a channel
+// of its own (a queue deleted meanwhile closes it): states are dropped,
+// work is published into g's work queue and acknowledged once confirmed,
+// and unbooked if this broker booked it.
+func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *workGroup, queue string, c *reclaimCount) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }() // returns what is not acknowledged to queue
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	for range maxReclaimPass {
+		if ctx.Err() != nil {
+			return nil
+		}
+		d, ok, err := ch.Get(queue, false)
+		if isAMQPCode(err, amqp.NotFound) {
+			return nil // deleted (it expired, or its link removed it)
+		}
+		if err != nil {
+			return fmt.Errorf("taking from %s: %w", queue, err)
+		}
+		if !ok {
+			return nil
+		}
+		if d.RoutingKey == StateRoutingKey {
+			if err := d.Ack(false); err != nil {
+				return err
+			}
+			c.states++
+			continue
+		}
+		p := republished(d, "")
+		for _, h := range []string{conservedHeader, headerRouted, headerBookedBy} {
+			delete(p.Headers, h)
+		}
+		p.Headers[headerReclaimedFrom] = d.RoutingKey
+		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", g.queue(), false, false, p)
+		if err == nil {
+			if ok, werr := conf.WaitContext(ctx); werr != nil || !ok {
+				err = fmt.Errorf("RabbitMQ refused the publish (%v)", werr)
+			}
+		}
+		if err != nil {
+			_ = d.Nack(false, true)
+			return fmt.Errorf("putting a message of %s back into %s: %w", queue, g.queue(), err)
+		}
+		if err := d.Ack(false); err != nil {
+			return fmt.Errorf("acknowledging in %s: %w", queue, err)
+		}
+		c.work++
+		b.stats.wqReclaimed(g.name, d.RoutingKey)
+		if by, _ := d.Headers[headerBookedBy].(string); by == b.cfg.BrokerID {
+			g.router.Unbook(d.RoutingKey)
+			c.unbooked++
+		}
+	}
+	return nil
+}
