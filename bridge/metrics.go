@@ -134,6 +134,9 @@ type wqCounters struct {
 	// reclaimed counts, by the site they were routed to, the messages
 	// taken back from this node's link queues towards a silent site.
 	reclaimed map[string]uint64
+	// siblingsReclaimed splits the part of reclaimed that another broker
+	// of this site had booked, by that broker and by site (State.Unbooked).
+	siblingsReclaimed map[string]map[string]uint64
 }
 
 func (s *stats) wqGroup(g string) *wqCounters {
@@ -164,10 +167,35 @@ func (s *stats) wqRoutedTo(g, site string) {
 	s.mu.Unlock()
 }
 
-func (s *stats) wqReclaimed(g, site string) {
+// wqReclaimed counts a message routed to site that was taken back;
+// sibling names the other broker of this site that booked it, if any.
+func (s *stats) wqReclaimed(g, site, sibling string) {
 	s.mu.Lock()
-	s.wqGroup(g).reclaimed[site]++
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	c := s.wqGroup(g)
+	c.reclaimed[site]++
+	if sibling == "" {
+		return
+	}
+	if c.siblingsReclaimed == nil {
+		c.siblingsReclaimed = map[string]map[string]uint64{}
+	}
+	if c.siblingsReclaimed[sibling] == nil {
+		c.siblingsReclaimed[sibling] = map[string]uint64{}
+	}
+	c.siblingsReclaimed[sibling][site]++
+}
+
+// wqSiblingsReclaimed returns a copy of group g's counts of the messages
+// other brokers of this site booked that were taken back here.
+func (s *stats) wqSiblingsReclaimed(g string) map[string]map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]map[string]uint64{}
+	for b, m := range s.wqGroup(g).siblingsReclaimed {
+		out[b] = maps.Clone(m)
+	}
+	return out
 }
 
 // wqTakenFrom returns a copy of group g's counts of the messages other

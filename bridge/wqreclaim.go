@@ -14,7 +14,10 @@ package bridge
 // (publisher confirm), and only then acknowledged in the link queue. From
 // wq.<g> it is started here, dispatched to the site that would start it
 // soonest as the states arrive (dispatchHeld), or sent on by the hash ring
-// after its TTL, as any local publish. basic.get hands each message to one
+// after its TTL, as any local publish. The hash ring still counts the dead
+// site's weight: what it sends there waits likewise, in the link queue of
+// the dead-letter exchange wq.<g>.dlx towards the site's node, and is
+// taken back into the local intake. basic.get hands each message to one
 // taker: if the site's link comes back meanwhile, each message goes either
 // to the link or here, never to both (a failure between the confirm and
 // the acknowledgement leaves a copy in each: at-least-once).
@@ -23,7 +26,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -106,35 +108,54 @@ func (b *Bridge) reclaimLoop(ctx context.Context, conn *amqp.Connection, g *work
 	}
 }
 
-// reclaimSite takes back what waits for site in this node's link queues of
-// g's route exchange.
+// reclaimSite takes back what waits for site in this node's link queues
+// of g: those of the route exchange into g's work queue, those of the
+// dead-letter exchange (sent there by the hash ring) into g's intake,
+// where they are served here as the ring's own overflow (put back into
+// the ring, they could be sent to the dead site again).
 func (b *Bridge) reclaimSite(ctx context.Context, conn *amqp.Connection, g *workGroup, site string) (reclaimCount, error) {
 	var c reclaimCount
-	held, err := b.linkQueuesTo(RouteExchangeName(g.name), site)
+	links, err := b.linksTo(RouteExchangeName(g.name), site)
 	if err != nil {
 		return c, err
 	}
-	for _, h := range held {
-		c.queues = append(c.queues, h.queue)
-		if err := b.reclaimQueue(ctx, conn, g, h.queue, &c); err != nil {
+	for _, l := range links {
+		routed, err := b.locateHeld(l)
+		if err != nil {
 			return c, err
+		}
+		ring, err := b.locateHeld(conserveRequest{Exchange: DeadLetterExchangeName(g.name), LocalExchange: IntakeExchangeName(g.name),
+			Downstream: l.Downstream, DownstreamVhost: l.DownstreamVhost})
+		if err != nil {
+			return c, err
+		}
+		for _, h := range routed {
+			c.queues = append(c.queues, h.queue)
+			if err := b.reclaimQueue(ctx, conn, g, site, h.queue, g.queue(), &c); err != nil {
+				return c, err
+			}
+		}
+		for _, h := range ring {
+			c.queues = append(c.queues, h.queue)
+			if err := b.reclaimQueue(ctx, conn, g, site, h.queue, IntakeQueueName(g.name), &c); err != nil {
+				return c, err
+			}
 		}
 	}
 	return c, nil
 }
 
-// linkQueuesTo finds the federation link queues on this node that hold
-// what x routes to site: behind the x-federation-upstream exchanges bound
-// from x with site's name as key, located as the conservation agent
-// locates a removed link's queues (locateHeld).
-func (b *Bridge) linkQueuesTo(x, site string) ([]heldQueue, error) {
+// linksTo names the links that carry what x routes to site: the
+// downstream nodes of the x-federation-upstream exchanges bound from x
+// with site's name as key, as requests for locateHeld, which finds their
+// queues on this node as the conservation agent finds a removed link's.
+func (b *Bridge) linksTo(x, site string) ([]conserveRequest, error) {
 	vhost := b.vhost()
 	bs, err := b.rh.ListExchangeBindingsWithSource(vhost, x)
 	if err != nil {
 		return nil, fmt.Errorf("listing bindings of %s: %w", x, err)
 	}
-	seen := map[string]bool{}
-	var out []heldQueue
+	var out []conserveRequest
 	for _, bd := range bs {
 		if bd.DestinationType != "exchange" || bd.RoutingKey != site {
 			continue
@@ -149,27 +170,21 @@ func (b *Bridge) linkQueuesTo(x, site string) ([]heldQueue, error) {
 		if ux.Type != federationUpstreamExchangeType {
 			continue
 		}
-		held, err := b.locateHeld(conserveRequest{Exchange: x, LocalExchange: x,
-			Downstream: argString(ux.Arguments, federationDownstreamNameArg), DownstreamVhost: argString(ux.Arguments, federationDownstreamVhostArg)})
-		if err != nil {
-			return nil, err
-		}
-		for _, h := range held {
-			if !seen[h.queue] {
-				seen[h.queue] = true
-				out = append(out, h)
-			}
+		l := conserveRequest{Exchange: x, LocalExchange: x,
+			Downstream: argString(ux.Arguments, federationDownstreamNameArg), DownstreamVhost: argString(ux.Arguments, federationDownstreamVhostArg)}
+		if !slices.Contains(out, l) {
+			out = append(out, l)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].queue < out[j].queue })
 	return out, nil
 }
 
-// reclaimQueue takes what queue holds, one message at a time, on a channel
-// of its own (a queue deleted meanwhile closes it): states are dropped,
-// work is published into g's work queue and acknowledged once confirmed,
-// and unbooked if this broker booked it.
-func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *workGroup, queue string, c *reclaimCount) error {
+// reclaimQueue takes what queue (a link's towards site) holds, one message
+// at a time, on a channel of its own (a queue deleted meanwhile closes
+// it): states are dropped, work is published into queue into and
+// acknowledged once confirmed, and unbooked by the broker that booked it
+// if it was routed.
+func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *workGroup, site, queue, into string, c *reclaimCount) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
@@ -203,8 +218,8 @@ func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *wor
 		for _, h := range []string{conservedHeader, headerRouted, headerBookedBy} {
 			delete(p.Headers, h)
 		}
-		p.Headers[headerReclaimedFrom] = d.RoutingKey
-		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", g.queue(), false, false, p)
+		p.Headers[headerReclaimedFrom] = site
+		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", into, false, false, p)
 		if err == nil {
 			if ok, werr := conf.WaitContext(ctx); werr != nil || !ok {
 				err = fmt.Errorf("RabbitMQ refused the publish (%v)", werr)
@@ -212,16 +227,21 @@ func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *wor
 		}
 		if err != nil {
 			_ = d.Nack(false, true)
-			return fmt.Errorf("putting a message of %s back into %s: %w", queue, g.queue(), err)
+			return fmt.Errorf("putting a message of %s back into %s: %w", queue, into, err)
 		}
 		if err := d.Ack(false); err != nil {
 			return fmt.Errorf("acknowledging in %s: %w", queue, err)
 		}
 		c.work++
-		b.stats.wqReclaimed(g.name, d.RoutingKey)
-		if by, _ := d.Headers[headerBookedBy].(string); by == b.cfg.BrokerID {
-			g.router.Unbook(d.RoutingKey)
+		// The broker that booked it unbooks it: this one now, another
+		// one of the site once it reads the count in this one's state.
+		switch by, _ := d.Headers[headerBookedBy].(string); by {
+		case b.cfg.BrokerID:
+			g.router.Unbook(site)
 			c.unbooked++
+			b.stats.wqReclaimed(g.name, site, "")
+		default:
+			b.stats.wqReclaimed(g.name, site, by)
 		}
 	}
 	return nil

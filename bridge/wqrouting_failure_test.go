@@ -132,35 +132,41 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 	})
 
 	t.Run("a dead site's messages are taken back and processed elsewhere", func(t *testing.T) {
-		// Berlin's luffymq broker is stopped and its node killed 1 s into
-		// publishing, and stay down until every message Tunis published
-		// was processed. What Tunis routed to Berlin in the 1.5 s before
-		// Berlin's state went stale waits in Tunis's federation link
-		// queue towards Berlin's node, which only Berlin's link consumes:
-		// Tunis's broker must take it back (3 s after Berlin's last
-		// state) into its own work queue, from which it is started at
-		// Tunis or dispatched to Montréal. Every message must then be
-		// processed, once, while Berlin is dead. Berlin then comes back
-		// (node, broker, two members): it must process none of Tunis's
-		// messages again, but for one a Berlin member was working on
-		// when its broker stopped (RabbitMQ requeues it in Berlin's
-		// intake and redelivers it: at-least-once, a member deduplicates
-		// by message ID).
+		// Berlin's node is killed 1 s into publishing, then its luffymq
+		// broker stopped, and both stay down until every message Tunis
+		// published was processed. (The node goes first: a broker that
+		// stops first leaves its node running while it closes, and the
+		// node's links carry what Tunis routed to it meanwhile into its
+		// intake, where it is kept on a dead node's disk, beyond any
+		// other site's reach.) What Tunis routed to Berlin in the 1.5 s
+		// before Berlin's state went stale waits in Tunis's federation
+		// link queue towards Berlin's node, which only Berlin's link
+		// consumes: Tunis's broker must take it back (3 s after Berlin's
+		// last state) into its own work queue, from which it is started
+		// at Tunis or dispatched to Montréal. Every message must then be
+		// processed, once, while Berlin is dead, but for any that was in
+		// Berlin's intake when its node died (counted after its restart,
+		// before a broker consumes it). Berlin then comes back (node,
+		// broker, two members): it must process again none of Tunis's
+		// messages processed elsewhere; it may process again one a
+		// Berlin member was working on when the node died (its
+		// acknowledgement was lost: RabbitMQ redelivers it, at-least-once;
+		// a member deduplicates by message ID).
 		const messages = 140
 		const bound = 20 * time.Second // from the end of publishing until all are processed
 		var killedAt, publishedAt, doneAt, restartedAt time.Time
-		var missing, onLinks, twiceBefore, again, againNotBerlin int
+		var missing, onLinks, inIntake, twiceBefore, again, againNotBerlin int
 		var reclaimed uint64
 		var where string
 		r := runRouting(t, h, routeSetup{group: "rdead", route: bridge.RouteNearest, messages: messages, rate: 20, workers: workers(),
 			during: func(t *testing.T, run *routeRun) {
 				time.Sleep(time.Second)
 				killedAt = time.Now()
-				_ = run.brokers["berlin"].Close()
 				if err := run.h.KillNode("berlin"); err != nil {
 					t.Error(err)
 					return
 				}
+				_ = run.brokers["berlin"].Close()
 				<-run.published
 				publishedAt = time.Now()
 				processed := func() map[int]int {
@@ -209,6 +215,16 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 					return
 				}
 				restartedAt = time.Now()
+				var w string
+				var err error
+				inIntake, w, err = queuedOn(run.h.Node("berlin"), func(name string) bool {
+					return name == bridge.WorkQueueName("rdead") || name == bridge.IntakeQueueName("rdead")
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				t.Logf("rdead: %d messages in berlin's work queues just after its restart: %s", inIntake, w)
 				b := startWQBroker(t, run.h, "berlin", "", run.share, run.wqc)
 				for i := range 2 {
 					startWorker(t, b.MQTTAddr(), fmt.Sprintf("rdead-berlin-new-%d", i), run.share, "berlin", 20*time.Millisecond, 5*time.Millisecond, run.tl)
@@ -221,7 +237,7 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 				after := processed()
 				run.tl.mu.Lock()
 				for seq, n := range after {
-					if n > before[seq] {
+					if before[seq] > 0 && n > before[seq] {
 						again += n - before[seq]
 						if run.tl.firstSite[seq] != "berlin" || !run.tl.firstStart[seq].Before(killedAt) {
 							againNotBerlin++
@@ -235,7 +251,7 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 		late, atBerlin := publishedBetween(r, killedAt.Add(2*time.Second), killedAt.Add(time.Hour), "berlin")
 		t.Logf("rdead: %d messages processed (warm-up included) by site %v; %d processed twice (same message ID); %d routed to berlin in all, %d taken back; %d of tunis's first started at berlin after its restart, %d processed again (%d of them not started at berlin before the kill); %d published after berlin's state went stale, %d of them started at berlin",
 			distinct, bySite, dups, r.tunis.RoutedTo["berlin"], reclaimed, startedAfter(r, "berlin", restartedAt), again, againNotBerlin, late, atBerlin)
-		require.Zero(t, missing, "%d of tunis's messages were not processed within %v of the end of publishing while berlin was dead", missing, bound)
+		require.LessOrEqual(t, missing, inIntake, "%d of tunis's messages were not processed within %v of the end of publishing while berlin was dead, %d were in its intake", missing, bound, inIntake)
 		require.Positive(t, reclaimed, "nothing was taken back from the link queue towards berlin")
 		require.Zero(t, againNotBerlin, "berlin's restart processed again a message that was processed elsewhere")
 		require.LessOrEqual(t, again, 2, "berlin's restart processed again more than the messages its members were working on")

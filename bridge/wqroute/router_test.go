@@ -343,3 +343,39 @@ func TestStaleSitesAndUnbookOfReclaimed(t *testing.T) {
 		t.Fatalf("Outstanding of an unknown site = %d", n)
 	}
 }
+
+func TestSiblingUnbooksWhatItTookBack(t *testing.T) {
+	r := NewRouter(Config{Site: "tunis", Broker: "tunis-1", StaleAfter: 1500 * ms})
+	sibling := func(at time.Time, boot string, unbooked map[string]uint64) {
+		st := stateAt("tunis", at, 0, 0)
+		st.Broker, st.Boot = "tunis-2", boot
+		st.Unbooked = map[string]map[string]uint64{"tunis-1": unbooked, "tunis-3": {"berlin": 50}}
+		r.Observe(st, at.Add(ms))
+	}
+	// First heard of with counts from before: recorded, not applied.
+	sibling(t0, "a", map[string]uint64{"berlin": 7})
+	r.Observe(stateAt("berlin", t0, 0, 0, 0, 0, 0, 0), t0.Add(20*ms))
+	for range 4 {
+		if c := r.Route(t0.Add(100*ms), time.Second, time.Hour); c.Site != "berlin" {
+			t.Fatalf("Route = %+v, want berlin", c)
+		}
+	}
+	sibling(t0.Add(200*ms), "a", map[string]uint64{"berlin": 7})
+	if n := r.Outstanding("berlin"); n != 4 {
+		t.Fatalf("Outstanding(berlin) = %d, want 4", n)
+	}
+	// The sibling took back three of this broker's (and many of another
+	// broker's, not this one's to unbook).
+	sibling(t0.Add(300*ms), "a", map[string]uint64{"berlin": 10})
+	if n := r.Outstanding("berlin"); n != 1 {
+		t.Fatalf("Outstanding(berlin) = %d, want 1", n)
+	}
+	// An older state changes nothing; a restarted sibling counts from 0.
+	sibling(t0.Add(250*ms), "a", map[string]uint64{"berlin": 12})
+	sibling(t0.Add(400*ms), "b", map[string]uint64{"berlin": 5})
+	if n := r.Outstanding("berlin"); n != 0 {
+		t.Fatalf("Outstanding(berlin) = %d, want 0 (never below)", n)
+	}
+	// Unbooks at a site never heard of are ignored.
+	sibling(t0.Add(500*ms), "b", map[string]uint64{"berlin": 5, "nowhere": 3})
+}
