@@ -56,16 +56,23 @@ type reclaimCount struct {
 	queues                 []string
 }
 
+// maxReclaimEvery bounds the pause between two passes for a site that
+// stays silent: each pass that takes nothing doubles it, from
+// reclaimAfter (the management API is asked for the site's link queues at
+// every pass).
+const maxReclaimEvery = 15 * time.Second
+
 // reclaimLoop takes back, while this broker retunes group g, what waits
 // in this node's link queues for a site whose state stopped arriving: a
-// first pass reclaimAfter after its last state, then one every
-// reclaimAfter while it stays silent.
+// first pass reclaimAfter after its last state, then more while it stays
+// silent (see maxReclaimEvery).
 func (b *Bridge) reclaimLoop(ctx context.Context, conn *amqp.Connection, g *workGroup) error {
 	interval := b.cfg.WorkQueue.StateInterval
 	after := reclaimStaleIntervals * interval
 	tick := time.NewTicker(stateHeartbeatIntervals * interval)
 	defer tick.Stop()
-	last := map[string]time.Time{} // a site's last pass
+	last := map[string]time.Time{}      // a site's last pass
+	every := map[string]time.Duration{} // and the pause until its next
 	var silent []string
 	for {
 		select {
@@ -75,6 +82,7 @@ func (b *Bridge) reclaimLoop(ctx context.Context, conn *amqp.Connection, g *work
 		}
 		if !b.RetuneOwner(g.name) {
 			clear(last)
+			clear(every)
 			continue
 		}
 		now := time.Now()
@@ -82,20 +90,21 @@ func (b *Bridge) reclaimLoop(ctx context.Context, conn *amqp.Connection, g *work
 		for site := range last {
 			if !slices.Contains(silent, site) {
 				delete(last, site) // heard again: its next silence starts afresh
+				delete(every, site)
 			}
 		}
 		for _, site := range silent {
-			if now.Sub(last[site]) < after {
+			if now.Sub(last[site]) < max(every[site], after) {
 				continue
 			}
 			last[site] = now
 			c, err := b.reclaimSite(ctx, conn, g, site)
-			if c.work+c.states > 0 {
+			every[site] = min(2*max(every[site], after), maxReclaimEvery)
+			if c.work > 0 {
+				every[site] = after
 				b.log.Info("bridge: took back what waited for a silent site in this node's federation link queues", "queue", g.queue(),
 					"site", site, "reclaimed", c.work, "states_dropped", c.states, "unbooked", c.unbooked,
 					"still_booked", g.router.Outstanding(site), "link_queues", c.queues)
-			}
-			if c.work > 0 {
 				b.wake()
 			}
 			if err != nil {
