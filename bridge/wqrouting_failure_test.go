@@ -205,7 +205,7 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 					onLinks += n
 					where += w
 				}
-				t.Logf("rdead: %d of tunis's messages processed (%d of them twice) %v after the end of publishing (berlin dead %v); %d unprocessed; %d taken back from the link queue towards berlin; %d messages left on links to berlin's node: %s",
+				t.Logf("rdead: %d of tunis's messages processed (%d of them twice) %v after the end of publishing (berlin dead %v); %d unprocessed; %d taken back from the link queue towards berlin; %d messages left on links to berlin's node (tunis's and montréal's states among them, 1 s TTL): %s",
 					len(before), twiceBefore, doneAt.Sub(publishedAt).Round(time.Millisecond), doneAt.Sub(killedAt).Round(time.Millisecond), missing, reclaimed, onLinks, where)
 				// Berlin comes back: its node, a broker and two members.
 				// (Should they fail to start, require's Goexit still closes
