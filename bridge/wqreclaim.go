@@ -7,8 +7,10 @@ package bridge
 // ("federation: wq.<g>.to -> <its node>"), bound to wq.<g>.to with the
 // site's name as key. Only that site's link consumes it: when the site
 // dies, nothing else would, and the queue drops it after the federation's
-// MessageTTL. Once a site's state has not arrived for reclaimAfter, the
-// broker that retunes the group for this site (RetuneOwner) takes back,
+// MessageTTL. Once a site's state has not arrived for
+// reclaimStaleIntervals, the broker that retunes the group for this site
+// (RetuneOwner: one at a time, so that they do not all ask the management
+// API; two at once would not duplicate anything either) takes back,
 // with basic.get, what waits there: the states of this site are dropped,
 // each work message is published into the local work queue wq.<g>
 // (publisher confirm), and only then acknowledged in the link queue. From
@@ -17,10 +19,13 @@ package bridge
 // after its TTL, as any local publish. The hash ring still counts the dead
 // site's weight: what it sends there waits likewise, in the link queue of
 // the dead-letter exchange wq.<g>.dlx towards the site's node, and is
-// taken back into the local intake. basic.get hands each message to one
-// taker: if the site's link comes back meanwhile, each message goes either
-// to the link or here, never to both (a failure between the confirm and
-// the acknowledgement leaves a copy in each: at-least-once).
+// taken back into the local intake. The router of the broker that booked a
+// message unbooks it (headerBookedBy; another broker of the site reads
+// what to unbook in this one's states, State.Unbooked). basic.get hands
+// each message to one taker: if the site's link comes back meanwhile,
+// each message goes either to the link or here, never to both. A failure
+// between the confirm and the acknowledgement leaves the message in the
+// link queue as well as its copy here (at-least-once).
 
 import (
 	"context"
@@ -58,14 +63,14 @@ type reclaimCount struct {
 
 // maxReclaimEvery bounds the pause between two passes for a site that
 // stays silent: each pass that takes nothing doubles it, from
-// reclaimAfter (the management API is asked for the site's link queues at
+// reclaimStaleIntervals StateIntervals (the management API is asked for the site's link queues at
 // every pass).
 const maxReclaimEvery = 15 * time.Second
 
 // reclaimLoop takes back, while this broker retunes group g, what waits
 // in this node's link queues for a site whose state stopped arriving: a
-// first pass reclaimAfter after its last state, then more while it stays
-// silent (see maxReclaimEvery).
+// first pass reclaimStaleIntervals StateIntervals after its last state,
+// then more while it stays silent (see maxReclaimEvery).
 func (b *Bridge) reclaimLoop(ctx context.Context, conn *amqp.Connection, g *workGroup) error {
 	interval := b.cfg.WorkQueue.StateInterval
 	after := reclaimStaleIntervals * interval
