@@ -44,6 +44,17 @@ import (
 // site's messages wait 3 s more than need be, not an hour.
 const reclaimStaleIntervals = 2 * stateStaleIntervals
 
+// reclaimRedeliveredIntervals is how many StateIntervals a site's state
+// must be missing before a redelivered message is taken back from a link
+// queue towards it (15 s at the default 100 ms). Its link took it before
+// and gave it back (its connection closed, by a cut or a dead node) without
+// acknowledging it, perhaps after the site had it already: a link that
+// comes back within that time takes it again, and the site's broker
+// recognises a copy it completed (DedupWindow) where a copy taken back
+// would be processed a second time elsewhere. A site silent longer is
+// dead, and the message is taken back (at-least-once).
+const reclaimRedeliveredIntervals = 10 * stateStaleIntervals
+
 // headerBookedBy names the broker whose router booked a routed message to
 // its site: the one that unbooks it if it is taken back.
 const headerBookedBy = "x-luffymq-booked-by"
@@ -58,7 +69,10 @@ const maxReclaimPass = 10_000
 // reclaimCount is what a pass took back from the queues towards a site.
 type reclaimCount struct {
 	work, states, unbooked uint64
-	queues                 []string
+	// heldBack counts the redelivered messages left for the link (see
+	// reclaimRedeliveredIntervals).
+	heldBack int
+	queues   []string
 }
 
 // maxReclaimEvery bounds the pause between two passes for a site that
@@ -103,12 +117,16 @@ func (b *Bridge) reclaimLoop(ctx context.Context, conn *amqp.Connection, g *work
 				continue
 			}
 			last[site] = now
-			c, err := b.reclaimSite(ctx, conn, g, site)
+			takeRedelivered := g.router.StaleSites(now, reclaimRedeliveredIntervals*interval, nil)
+			c, err := b.reclaimSite(ctx, conn, g, site, slices.Contains(takeRedelivered, site))
 			every[site] = min(2*max(every[site], after), maxReclaimEvery)
+			if c.heldBack > 0 {
+				every[site] = after // until they are taken back too
+			}
 			if c.work > 0 {
 				every[site] = after
 				b.log.Info("bridge: took back what waited for a silent site in this node's federation link queues", "queue", g.queue(),
-					"site", site, "reclaimed", c.work, "states_dropped", c.states, "unbooked", c.unbooked,
+					"site", site, "reclaimed", c.work, "states_dropped", c.states, "unbooked", c.unbooked, "redelivered_left", c.heldBack,
 					"still_booked", g.router.Outstanding(site), "link_queues", c.queues)
 				b.wake()
 			}
@@ -127,7 +145,7 @@ func (b *Bridge) reclaimLoop(ctx context.Context, conn *amqp.Connection, g *work
 // dead-letter exchange (sent there by the hash ring) into g's intake,
 // where they are served here as the ring's own overflow (put back into
 // the ring, they could be sent to the dead site again).
-func (b *Bridge) reclaimSite(ctx context.Context, conn *amqp.Connection, g *workGroup, site string) (reclaimCount, error) {
+func (b *Bridge) reclaimSite(ctx context.Context, conn *amqp.Connection, g *workGroup, site string, redelivered bool) (reclaimCount, error) {
 	var c reclaimCount
 	links, err := b.linksTo(RouteExchangeName(g.name), site)
 	if err != nil {
@@ -145,13 +163,13 @@ func (b *Bridge) reclaimSite(ctx context.Context, conn *amqp.Connection, g *work
 		}
 		for _, h := range routed {
 			c.queues = append(c.queues, h.queue)
-			if err := b.reclaimQueue(ctx, conn, g, site, h.queue, g.queue(), &c); err != nil {
+			if err := b.reclaimQueue(ctx, conn, g, site, h.queue, g.queue(), redelivered, &c); err != nil {
 				return c, err
 			}
 		}
 		for _, h := range ring {
 			c.queues = append(c.queues, h.queue)
-			if err := b.reclaimQueue(ctx, conn, g, site, h.queue, IntakeQueueName(g.name), &c); err != nil {
+			if err := b.reclaimQueue(ctx, conn, g, site, h.queue, IntakeQueueName(g.name), redelivered, &c); err != nil {
 				return c, err
 			}
 		}
@@ -197,8 +215,11 @@ func (b *Bridge) linksTo(x, site string) ([]conserveRequest, error) {
 // at a time, on a channel of its own (a queue deleted meanwhile closes
 // it): states are dropped, work is published into queue into and
 // acknowledged once confirmed, and unbooked by the broker that booked it
-// if it was routed.
-func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *workGroup, site, queue, into string, c *reclaimCount) error {
+// if it was routed. A redelivered message is taken back only with
+// redelivered; otherwise it is held unacknowledged until the end of the
+// pass (so that basic.get moves past it) and returned to the queue with
+// the channel.
+func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *workGroup, site, queue, into string, redelivered bool, c *reclaimCount) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
@@ -226,6 +247,10 @@ func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *wor
 				return err
 			}
 			c.states++
+			continue
+		}
+		if d.Redelivered && !redelivered {
+			c.heldBack++
 			continue
 		}
 		p := republished(d, "")
