@@ -142,8 +142,9 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 		// before Berlin's state went stale waits in Tunis's federation
 		// link queue towards Berlin's node, which only Berlin's link
 		// consumes: Tunis's broker must take it back (3 s after Berlin's
-		// last state) into its own work queue, from which it is started
-		// at Tunis or dispatched to Montréal. Every message must then be
+		// last state; 15 s for a message that was on its way on the link
+		// when the node died, redelivered) into its own work queue, from
+		// which it is started at Tunis or dispatched to Montréal. Every message must then be
 		// processed, once, while Berlin is dead, but for any that was in
 		// Berlin's intake when its node died (counted after its restart,
 		// before a broker consumes it). Berlin then comes back (node,
@@ -153,7 +154,10 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 		// acknowledgement was lost: RabbitMQ redelivers it, at-least-once;
 		// a member deduplicates by message ID).
 		const messages = 140
-		const bound = 20 * time.Second // from the end of publishing until all are processed
+		// From the end of publishing (6 s after the kill) until all are
+		// processed: 15 s of silence for a redelivered message, a pass
+		// every 3 s, and a margin for a loaded machine.
+		const bound = 20 * time.Second
 		var killedAt, publishedAt, doneAt, restartedAt time.Time
 		var missing, onLinks, inIntake, twiceBefore, again, againNotBerlin int
 		var reclaimed uint64
