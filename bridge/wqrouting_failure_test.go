@@ -149,10 +149,12 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 		// Berlin's intake when its node died (counted after its restart,
 		// before a broker consumes it). Berlin then comes back (node,
 		// broker, two members): it must process again none of Tunis's
-		// messages processed elsewhere; it may process again one a
-		// Berlin member was working on when the node died (its
-		// acknowledgement was lost: RabbitMQ redelivers it, at-least-once;
-		// a member deduplicates by message ID).
+		// messages processed elsewhere; it may process again those its
+		// members had finished or were working on when the node died,
+		// whose acknowledgements its broker had not yet sent (RabbitMQ
+		// kept them in Berlin's intake and redelivers them, at-least-once;
+		// a member deduplicates by message ID): no more than Berlin's
+		// queues held after the restart.
 		const messages = 140
 		// From the end of publishing (6 s after the kill) until all are
 		// processed: 15 s of silence for a redelivered message, a pass
@@ -259,7 +261,7 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 		require.LessOrEqual(t, missing, inIntake, "%d of tunis's messages were not processed within %v of the end of publishing while berlin was dead, %d were in its intake", missing, bound, inIntake)
 		require.Positive(t, reclaimed, "nothing was taken back from the link queue towards berlin")
 		require.Zero(t, againNotBerlin, "berlin's restart processed again a message that was processed elsewhere")
-		require.LessOrEqual(t, again, 2, "berlin's restart processed again more than the messages its members were working on")
+		require.LessOrEqual(t, again, inIntake, "berlin's restart processed again more messages than its node kept (%d)", inIntake)
 		require.Positive(t, late)
 		require.Less(t, 10*atBerlin, late, "%d of the %d messages published after berlin died went to berlin", atBerlin, late)
 	})
