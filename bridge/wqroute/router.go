@@ -1,6 +1,7 @@
 package wqroute
 
 import (
+	"maps"
 	"sync"
 	"time"
 
@@ -27,6 +28,11 @@ type State struct {
 	// Taken counts, by origin site, the other sites' messages the broker
 	// has taken from its intake since it started.
 	Taken map[string]uint64 `json:"taken"`
+	// Unbooked counts, by the broker of the same site that booked them
+	// and by the site they were booked to, the messages the publishing
+	// broker has taken back from the link queues towards silent sites
+	// since it started: that broker's router unbooks them (Observe).
+	Unbooked map[string]map[string]uint64 `json:"unbooked,omitempty"`
 }
 
 // MemberState is one online member in a State.
@@ -95,6 +101,9 @@ type brokerState struct {
 	// heard of it (what it took before is not the Router's).
 	taken, since uint64
 	heard        bool
+	// unbooked is, for a sibling, its last State.Unbooked of the Router's
+	// broker, by site.
+	unbooked map[string]uint64
 }
 
 // site is what a Router knows of one other site: the last state of each
@@ -207,6 +216,7 @@ func (r *Router) Observe(st State, arrived time.Time) {
 		if sent.Before(b.sentAt) {
 			return
 		}
+		r.unbookTakenBack(b, st)
 		b.members, b.sentAt, b.arrived = members, sent, arrived
 		return
 	}
@@ -241,6 +251,32 @@ func (r *Router) Observe(st State, arrived time.Time) {
 		s.delay = min(s.delay, s.samples[i])
 	}
 	s.merge(s.arrived, r.cfg.StaleAfter)
+}
+
+// unbookTakenBack unbooks what sibling b took back, by st, of the
+// messages the Router's broker had booked: what its counts grew by since
+// its last state. The counts of a sibling first heard of are only
+// recorded (what they count may have been unbooked before this Router
+// started); a restarted sibling counts from zero.
+func (r *Router) unbookTakenBack(b *brokerState, st State) {
+	mine := st.Unbooked[r.cfg.Broker]
+	switch {
+	case !b.heard:
+		b.heard = true
+	case st.Boot != b.boot:
+		b.unbooked = nil
+		fallthrough
+	default:
+		for name, n := range mine {
+			if prev := b.unbooked[name]; n > prev {
+				if s := r.find(name); s != nil {
+					s.sent -= min(s.sent, n-prev)
+				}
+			}
+		}
+	}
+	b.boot = st.Boot
+	b.unbooked = maps.Clone(mine)
 }
 
 // AppendSiblings appends to dst the online members of the other brokers
@@ -392,6 +428,31 @@ func (r *Router) Unbook(site string) {
 	if s := r.find(site); s != nil && s.sent > 0 {
 		s.sent--
 	}
+}
+
+// StaleSites appends to dst the other sites whose newest state arrived
+// more than after before now: sites heard of once whose brokers all went
+// silent (a site down, its node gone, or the links to it cut).
+func (r *Router) StaleSites(now time.Time, after time.Duration, dst []string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.sites {
+		if now.Sub(s.arrived) > after {
+			dst = append(dst, s.name)
+		}
+	}
+	return dst
+}
+
+// Outstanding is how many of the messages Route sent to site (less those
+// taken back by Unbook) its brokers have not taken.
+func (r *Router) Outstanding(site string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.find(site); s != nil {
+		return s.outstanding()
+	}
+	return 0
 }
 
 // FreshSites counts the sites whose state is fresh at now and

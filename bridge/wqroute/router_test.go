@@ -300,3 +300,82 @@ func TestViewsShowRouterInputs(t *testing.T) {
 		t.Fatalf("stale site = %+v, want not a candidate, 2.01s old", old)
 	}
 }
+
+func TestStaleSitesAndUnbookOfReclaimed(t *testing.T) {
+	r := NewRouter(Config{Site: "tunis", Broker: "tunis-1", StaleAfter: 1500 * ms})
+	r.Observe(stateAt("berlin", t0, 0, 0, 0, 0), t0.Add(20*ms))
+	r.Observe(stateAt("montreal", t0, 0, 0), t0.Add(60*ms))
+	for range 3 {
+		if c := r.Route(t0.Add(100*ms), time.Second, time.Hour); c.Site != "berlin" {
+			t.Fatalf("Route = %+v, want berlin", c)
+		}
+	}
+	if n := r.Outstanding("berlin"); n != 3 {
+		t.Fatalf("Outstanding(berlin) = %d, want 3", n)
+	}
+	// Montréal keeps sending states; Berlin falls silent.
+	r.Observe(stateAt("montreal", t0.Add(3*time.Second), 0, 0), t0.Add(3*time.Second+60*ms))
+	now := t0.Add(3100 * ms)
+	if got := r.StaleSites(now, 3*time.Second, nil); len(got) != 1 || got[0] != "berlin" {
+		t.Fatalf("StaleSites(3s) = %v, want [berlin]", got)
+	}
+	if got := r.StaleSites(now, 4*time.Second, nil); len(got) != 0 {
+		t.Fatalf("StaleSites(4s) = %v, want none", got)
+	}
+	// Two of the three are taken back from the link queue towards Berlin:
+	// the third is in Berlin's intake and stays booked until Berlin
+	// counts it taken.
+	r.Unbook("berlin")
+	r.Unbook("berlin")
+	if n := r.Outstanding("berlin"); n != 1 {
+		t.Fatalf("Outstanding(berlin) after two Unbooks = %d, want 1", n)
+	}
+	st := stateAt("berlin", t0.Add(10*time.Second), 0, 0)
+	st.Taken = map[string]uint64{"tunis": 1}
+	r.Observe(st, t0.Add(10*time.Second+20*ms))
+	if n := r.Outstanding("berlin"); n != 0 {
+		t.Fatalf("Outstanding(berlin) once Berlin took the last one = %d, want 0", n)
+	}
+	if got := r.StaleSites(t0.Add(10*time.Second+100*ms), 3*time.Second, nil); len(got) != 1 || got[0] != "montreal" {
+		t.Fatalf("StaleSites = %v, want [montreal]", got)
+	}
+	if n := r.Outstanding("nowhere"); n != 0 {
+		t.Fatalf("Outstanding of an unknown site = %d", n)
+	}
+}
+
+func TestSiblingUnbooksWhatItTookBack(t *testing.T) {
+	r := NewRouter(Config{Site: "tunis", Broker: "tunis-1", StaleAfter: 1500 * ms})
+	sibling := func(at time.Time, boot string, unbooked map[string]uint64) {
+		st := stateAt("tunis", at, 0, 0)
+		st.Broker, st.Boot = "tunis-2", boot
+		st.Unbooked = map[string]map[string]uint64{"tunis-1": unbooked, "tunis-3": {"berlin": 50}}
+		r.Observe(st, at.Add(ms))
+	}
+	// First heard of with counts from before: recorded, not applied.
+	sibling(t0, "a", map[string]uint64{"berlin": 7})
+	r.Observe(stateAt("berlin", t0, 0, 0, 0, 0, 0, 0), t0.Add(20*ms))
+	for range 4 {
+		if c := r.Route(t0.Add(100*ms), time.Second, time.Hour); c.Site != "berlin" {
+			t.Fatalf("Route = %+v, want berlin", c)
+		}
+	}
+	sibling(t0.Add(200*ms), "a", map[string]uint64{"berlin": 7})
+	if n := r.Outstanding("berlin"); n != 4 {
+		t.Fatalf("Outstanding(berlin) = %d, want 4", n)
+	}
+	// The sibling took back three of this broker's (and many of another
+	// broker's, not this one's to unbook).
+	sibling(t0.Add(300*ms), "a", map[string]uint64{"berlin": 10})
+	if n := r.Outstanding("berlin"); n != 1 {
+		t.Fatalf("Outstanding(berlin) = %d, want 1", n)
+	}
+	// An older state changes nothing; a restarted sibling counts from 0.
+	sibling(t0.Add(250*ms), "a", map[string]uint64{"berlin": 12})
+	sibling(t0.Add(400*ms), "b", map[string]uint64{"berlin": 5})
+	if n := r.Outstanding("berlin"); n != 0 {
+		t.Fatalf("Outstanding(berlin) = %d, want 0 (never below)", n)
+	}
+	// Unbooks at a site never heard of are ignored.
+	sibling(t0.Add(500*ms), "b", map[string]uint64{"berlin": 5, "nowhere": 3})
+}
