@@ -5,7 +5,7 @@ BIN       := bin
 PKGS      := ./...
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: run build test test-short lint fmt deps fuzz bench soak demo-multisite clean bench-sites bench-sites-1x
+.PHONY: run build test test-short lint fmt deps fuzz bench soak demo-multisite clean bench-sites bench-sites-1x bench-sites-matrix
 
 ## run: build and start luffymq with defaults (MQTT 127.0.0.1:1883, HTTP 127.0.0.1:8080, strategy adaptive)
 run: build
@@ -110,6 +110,17 @@ bench-sites-1x: deps
 	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench ./cmd/luffy-controller
 	./$(BIN)/luffy-bench sites --luffymq $(BIN)/luffymq --luffy-controller $(BIN)/luffy-controller --out $(SITES_1X_OUT) \
 		--scenario wq-balanced --service 1s --rate 1 --wq-duration 60s
+
+## bench-sites-matrix: the work-queue scenarios (wq-balanced, wq-local) at time scales 1x, 3x and 10x on three
+##   topologies (Tunis busy among 4 sites, Montreal busy among 4 with 3 consumers a site, Tokyo busy among 3),
+##   luffymq (ring and nearest routing), the thesis's rule, queue federation and the cloud side by side, with issue
+##   22's goals checked per cell (about 25 min per scenario and repeat on 2 cores): matrix.json, matrix.md and
+##   PNGs into SITES_MATRIX_OUT. SITES_MATRIX_ARGS="--repeat 3 --scenario wq-balanced" changes it.
+SITES_MATRIX_OUT  ?= bench/results/sites-matrix
+SITES_MATRIX_ARGS ?=
+bench-sites-matrix: deps
+	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench
+	./$(BIN)/luffy-bench sites-matrix --luffymq $(BIN)/luffymq --out $(SITES_MATRIX_OUT) $(SITES_MATRIX_ARGS)
 
 ## demo-multisite: three sites (real RabbitMQ nodes + luffymq each) joined over emulated WAN links
 demo-multisite: deps

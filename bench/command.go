@@ -28,6 +28,11 @@ Commands:
   connections N idle MQTT v5 connections, each subscribed to its own topic, against
               luffymq, vanilla Mochi and Mosquitto: RSS per connection, connect rate,
               delivery of one command to each, RSS after churn
+  reliability lost / stalled / dropped scenarios against luffymq, vanilla Mochi and Mosquitto
+  soak        2 000 connections in shared groups with churn, for --duration
+  sites       scenario set C across sites on real RabbitMQ nodes joined by delayed links
+  sites-matrix  set C's work-queue scenarios over time scales and topologies, repeated,
+              every architecture side by side (matrix.md)
   summary     rewrite DIR/summary.md from DIR/results.json and DIR/throughput.json
   mochi-server  run vanilla Mochi MQTT (default options, allow-all auth) on --listen;
               the benchmarks start it as a broker process of its own

@@ -312,7 +312,7 @@ func New(cfg Config) (*Bridge, error) {
 		if err != nil {
 			return nil, err
 		}
-		g.router = newGroupRouter(cfg.WorkQueue, cfg.Site)
+		g.router = newGroupRouter(cfg.WorkQueue, cfg.Site, cfg.BrokerID)
 		b.groups = append(b.groups, g)
 	}
 	b.wqTrack = newWQTracker()

@@ -211,7 +211,9 @@ func (b *Bridge) workQueueLoops(conn *amqp.Connection) ([]func(context.Context) 
 			}
 			loops = append(loops, func(c context.Context) error { return b.consumeLoop(c, ch, g, gen) })
 			if g.router != nil {
-				loops = append(loops, func(c context.Context) error { return b.stateLoop(c, conn, g) })
+				loops = append(loops,
+					func(c context.Context) error { return b.stateLoop(c, conn, g) },
+					func(c context.Context) error { return b.reclaimLoop(c, conn, g) })
 			}
 		}
 	}

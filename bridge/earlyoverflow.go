@@ -39,6 +39,9 @@ type overflowView struct {
 	overflowed int
 	// taken counts the messages the consume loop took from RabbitMQ.
 	taken uint64
+	// site is scratch space for the members of the whole site: these
+	// and, with a router, the other brokers' of this site (siteMembers).
+	site []scoring.MemberSnapshot
 }
 
 // took counts a message the consume loop took from RabbitMQ.
@@ -94,13 +97,53 @@ type decision struct {
 	ok           bool
 }
 
+// siteMembers returns the members that would start a message queued in
+// the site's queues now, their predicted waits as of now: this broker's
+// and, with router, the other brokers' of this site whose states are
+// fresh (they consume the same queues). It reuses v.site; v.mu is held.
+func (v *overflowView) siteMembers(now time.Time, router *wqroute.Router) []scoring.MemberSnapshot {
+	if router == nil {
+		return v.members
+	}
+	elapsed := now.Sub(v.seen)
+	v.site = v.site[:0]
+	for _, m := range v.members {
+		m.PredictedWait = max(m.PredictedWait-elapsed, 0)
+		v.site = append(v.site, m)
+	}
+	v.site = router.AppendSiblings(now, v.site)
+	return v.site
+}
+
+// localStart predicts how long a message queued now behind ahead others
+// would wait before a member of the site starts it, up to limit. With
+// router, members the prediction cannot cover (they have not finished
+// anything, and are busy or acknowledge on receipt) leave the message to
+// the TTL: it would wait at most the TTL here before it overflows, which
+// is what other sites are compared with. ok is false when nothing can be
+// said.
+func (v *overflowView) localStart(now time.Time, router *wqroute.Router, ahead int, limit time.Duration) (time.Duration, bool) {
+	members := v.siteMembers(now, router)
+	elapsed := now.Sub(v.seen)
+	if router != nil {
+		elapsed = 0 // siteMembers' waits are as of now
+	}
+	wait, ok := wqroute.PredictStart(members, elapsed, ahead, limit)
+	if !ok && router != nil {
+		return v.ttl, true
+	}
+	return wait, ok
+}
+
 // decide says where a publish arriving now goes. With router (the other
 // sites' states, RouteNearest) and a fresh state from some site, it goes
-// to whichever site, this one included, would start it soonest. Otherwise
+// to whichever site, this one included, would start it soonest; this
+// site's members are predicted with those of its other brokers. Otherwise
 // it goes to the dead-letter exchange at once when the local members
 // would not start it within the TTL. When it stays, it is counted as ready
 // in wq.<g>. Members without a service estimate (they acknowledge on
-// receipt, or have finished nothing yet) cannot be predicted: the publish
+// receipt, or have finished nothing yet) are predicted only while idle,
+// for one message each (wqroute.PredictStart); beyond that the publish
 // stays, and the TTL decides, as in the thesis.
 func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	v.mu.Lock()
@@ -110,7 +153,7 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 		if router != nil {
 			limit = max(limit, maxLocalPrediction)
 		}
-		wait, ok := wqroute.PredictStart(v.members, now.Sub(v.seen), v.readyWork+v.readyIntake, limit)
+		wait, ok := v.localStart(now, router, v.readyWork+v.readyIntake, limit)
 		if ok && router != nil {
 			if c := router.Route(now, wait, max(v.ttl, heldTTL)); c.Fresh {
 				if c.Site != "" {
@@ -130,11 +173,21 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	return decision{}
 }
 
-// predictable reports whether members' starts can be predicted: some
-// are online, and every online one has a service time.
-func predictable(members []scoring.MemberSnapshot) bool {
-	_, ok := wqroute.PredictStart(members, 0, 0, 0)
-	return ok
+// allTimed reports whether every online member has a service estimate
+// (and some are online): only then are the members' starts predicted
+// beyond one message each, and a publish held past eq. 2.12's TTL
+// (heldTTL) safely.
+func allTimed(members []scoring.MemberSnapshot) bool {
+	online := false
+	for _, m := range members {
+		if m.Online {
+			if m.ServiceEstimate <= 0 {
+				return false
+			}
+			online = true
+		}
+	}
+	return online
 }
 
 // dispatch says where the last message ready in wq.<g> should go now,
@@ -149,7 +202,7 @@ func (v *overflowView) dispatch(now time.Time, router *wqroute.Router) string {
 	if v.members == nil || v.readyWork == 0 {
 		return ""
 	}
-	wait, ok := wqroute.PredictStart(v.members, now.Sub(v.seen), v.readyWork+v.readyIntake-1, max(v.ttl, maxLocalPrediction))
+	wait, ok := v.localStart(now, router, v.readyWork+v.readyIntake-1, max(v.ttl, maxLocalPrediction))
 	if !ok {
 		return ""
 	}

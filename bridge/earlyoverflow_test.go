@@ -91,6 +91,34 @@ func BenchmarkOverflowDecide(b *testing.B) {
 	}
 }
 
+// BenchmarkOverflowDecideRouted is the same routed by the other sites'
+// states (--wq-route nearest), with a sibling broker of 8 members and
+// three other sites of 8: it must not allocate either.
+func BenchmarkOverflowDecideRouted(b *testing.B) {
+	ms := time.Millisecond
+	now := time.Now()
+	members := make([]scoring.MemberSnapshot, 8)
+	waits := make([]wqroute.MemberState, 8)
+	for i := range members {
+		members[i] = member(time.Duration(i)*10*ms, 100*ms)
+		waits[i] = wqroute.MemberState{Wait: time.Duration(i) * 15 * ms, Service: 100 * ms}
+	}
+	r := wqroute.NewRouter(wqroute.Config{Site: "here", Broker: "h1", StaleAfter: time.Minute})
+	for i, site := range []string{"here", "a", "b", "c"} {
+		r.Observe(wqroute.State{Site: site, Broker: "x", Sent: now.UnixNano(), Members: waits}, now.Add(time.Duration(i*20)*ms))
+	}
+	var v overflowView
+	v.setMembers(members, 200*ms, now)
+	b.ReportAllocs()
+	for b.Loop() {
+		v.setReady(10, 2)
+		v.decide(now.Add(100*ms), r)
+		r.Unbook("a")
+		r.Unbook("b")
+		r.Unbook("c")
+	}
+}
+
 func TestIntakePollInterval(t *testing.T) {
 	if got := intakePollInterval(time.Second); got != 10*time.Millisecond {
 		t.Errorf("right after intake traffic: %v, want 10ms", got)
@@ -168,15 +196,54 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 // wq.<g>'s TTL is lengthened to heldTTL only for members that can be
 // predicted: a member that acknowledges on receipt has no service time,
 // and its site keeps the thesis's TTL.
-func TestPredictable(t *testing.T) {
+func TestAllTimed(t *testing.T) {
 	ms := time.Millisecond
-	if !predictable([]scoring.MemberSnapshot{member(0, 100*ms), member(50*ms, 80*ms)}) {
-		t.Fatal("members with service times: not predictable")
+	if !allTimed([]scoring.MemberSnapshot{member(0, 100*ms), member(50*ms, 80*ms), {Online: false}}) {
+		t.Fatal("members with service times: not all timed")
 	}
-	if predictable([]scoring.MemberSnapshot{member(0, 100*ms), member(0, 0)}) {
-		t.Fatal("a member without a service time: predictable")
+	if allTimed([]scoring.MemberSnapshot{member(0, 100*ms), member(0, 0)}) {
+		t.Fatal("a member without a service time: all timed")
 	}
-	if predictable(nil) {
-		t.Fatal("no member: predictable")
+	if allTimed(nil) {
+		t.Fatal("no member: all timed")
+	}
+}
+
+// The other brokers of the site serve the same queues: a publish that
+// this broker's busy member would start late stays when a sibling's
+// member is idle, instead of going to another site.
+func TestOverflowViewDecideCountsSiblings(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Now()
+	var v overflowView
+	v.setMembers([]scoring.MemberSnapshot{member(300*ms, 100*ms)}, 200*ms, now)
+	r := wqroute.NewRouter(wqroute.Config{Site: "here", Broker: "h1", StaleAfter: time.Second})
+	r.Observe(wqroute.State{Site: "near", Broker: "n1", Sent: now.UnixNano(), Members: []wqroute.MemberState{{Service: 100 * ms}}}, now.Add(20*ms))
+	if d := v.decide(now.Add(20*ms), r); d.site != "near" {
+		t.Fatalf("busy here, idle at near: %+v, want near", d)
+	}
+	r.Observe(wqroute.State{Site: "here", Broker: "h2", Sent: now.Add(20 * ms).UnixNano(), Members: []wqroute.MemberState{{Service: 100 * ms}}}, now.Add(20*ms))
+	if d := v.decide(now.Add(20*ms), r); d.site != "" || d.overflow || d.local != 0 {
+		t.Fatalf("a sibling's member idle: %+v, want local at 0", d)
+	}
+}
+
+// Local members that cannot be predicted (busy, no service time yet)
+// would keep a publish at most the TTL: a site that starts it sooner
+// gets it; one that would start it later does not.
+func TestOverflowViewDecideUnpredictableLocal(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Now()
+	var v overflowView
+	busyNewcomer := scoring.MemberSnapshot{Online: true, InFlight: 1, AcksAreFinishes: true}
+	v.setMembers([]scoring.MemberSnapshot{busyNewcomer}, 200*ms, now)
+	r := wqroute.NewRouter(wqroute.Config{Site: "here", StaleAfter: time.Second})
+	r.Observe(wqroute.State{Site: "far", Sent: now.UnixNano(), Members: []wqroute.MemberState{{Service: 100 * ms}}}, now.Add(250*ms))
+	if d := v.decide(now.Add(250*ms), r); d.site != "" || d.overflow {
+		t.Fatalf("far starts it after the TTL: %+v, want held here", d)
+	}
+	r.Observe(wqroute.State{Site: "near", Sent: now.UnixNano(), Members: []wqroute.MemberState{{Service: 100 * ms}}}, now.Add(30*ms))
+	if d := v.decide(now.Add(250*ms), r); d.site != "near" || d.local != 200*ms {
+		t.Fatalf("near starts it within the TTL: %+v, want near", d)
 	}
 }

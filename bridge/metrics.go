@@ -66,6 +66,7 @@ func newStats(b *Bridge) *stats {
 			"wq_settled":  d("wq_messages_settled_total", "Work-queue messages settled with RabbitMQ, by outcome: completed (acknowledged after the member's PUBACK), requeued, duplicate, unmappable.", "queue", "outcome"),
 			"wq_overflow": d("wq_overflow_received_total", "Messages that overflowed (TTL or max length) out of the work queue of origin site and were received here; origin equal to site means they came back.", "queue", "origin"),
 			"wq_routed":   d("wq_routed_total", "Local publishes sent straight to another site's intake, because its members would start them sooner than the local ones, one-way delay included (--wq-route nearest).", "queue", "to"),
+			"wq_reclaim":  d("wq_reclaimed_total", "Messages sent to another site that were taken back from this node's federation link queues towards it once its state had stopped arriving: routed ones into the local work queue, the hash ring's into the local intake (--wq-route nearest).", "queue", "from"),
 			"wq_at_pub":   d("wq_overflow_at_publish_total", "Local publishes sent to the work queue's dead-letter exchange at once, because the local members would not have started them within the queue's TTL (off with --wq-ttl-overflow-only).", "queue"),
 			"wq_ttl":      d("wq_ttl_seconds", "Current message TTL of the work queue's policy (eq. 2.12).", "queue"),
 			"wq_maxlen":   d("wq_max_length", "Current max length of the work queue's policy (eq. 2.12).", "queue"),
@@ -130,12 +131,19 @@ type wqCounters struct {
 	// routedFrom counts the part of fromSites that was routed here by
 	// this site's state (State.Taken).
 	routedFrom map[string]uint64
+	// reclaimed counts, by the site they were routed to, the messages
+	// taken back from this node's link queues towards a silent site.
+	reclaimed map[string]uint64
+	// siblingsReclaimed splits the part of reclaimed that another broker
+	// of this site had booked, by that broker and by site (State.Unbooked).
+	siblingsReclaimed map[string]map[string]uint64
 }
 
 func (s *stats) wqGroup(g string) *wqCounters {
 	c := s.wq[g]
 	if c == nil {
-		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}, routedFrom: map[string]uint64{}}
+		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}, routedFrom: map[string]uint64{},
+			reclaimed: map[string]uint64{}}
 		s.wq[g] = c
 	}
 	return c
@@ -157,6 +165,37 @@ func (s *stats) wqRoutedTo(g, site string) {
 	s.mu.Lock()
 	s.wqGroup(g).routedTo[site]++
 	s.mu.Unlock()
+}
+
+// wqReclaimed counts a message routed to site that was taken back;
+// sibling names the other broker of this site that booked it, if any.
+func (s *stats) wqReclaimed(g, site, sibling string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.wqGroup(g)
+	c.reclaimed[site]++
+	if sibling == "" {
+		return
+	}
+	if c.siblingsReclaimed == nil {
+		c.siblingsReclaimed = map[string]map[string]uint64{}
+	}
+	if c.siblingsReclaimed[sibling] == nil {
+		c.siblingsReclaimed[sibling] = map[string]uint64{}
+	}
+	c.siblingsReclaimed[sibling][site]++
+}
+
+// wqSiblingsReclaimed returns a copy of group g's counts of the messages
+// other brokers of this site booked that were taken back here.
+func (s *stats) wqSiblingsReclaimed(g string) map[string]map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]map[string]uint64{}
+	for b, m := range s.wqGroup(g).siblingsReclaimed {
+		out[b] = maps.Clone(m)
+	}
+	return out
 }
 
 // wqTakenFrom returns a copy of group g's counts of the messages other
@@ -203,6 +242,11 @@ type WorkQueueStats struct {
 	// another site because its members would start them sooner, delay
 	// included (--wq-route nearest).
 	RoutedTo map[string]uint64
+	// Reclaimed counts, by site, the messages sent there (routed, or by
+	// the hash ring) that were taken back from this node's federation link
+	// queues once its state had stopped arriving: routed ones into the
+	// local work queue, the ring's into the local intake.
+	Reclaimed map[string]uint64
 	// StatesFresh counts the other sites whose group state is fresh and
 	// predictable: those --wq-route nearest may send publishes to.
 	StatesFresh int
@@ -239,10 +283,8 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 		for o, n := range c.fromSites {
 			w.FromSite[o] = n
 		}
-		w.RoutedTo = map[string]uint64{}
-		for o, n := range c.routedTo {
-			w.RoutedTo[o] = n
-		}
+		w.RoutedTo = maps.Clone(c.routedTo)
+		w.Reclaimed = maps.Clone(c.reclaimed)
 		out[g] = w
 	}
 	s.mu.Unlock()
@@ -339,6 +381,9 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_at_pub"], prometheus.CounterValue, float64(w.OverflowAtPublish), q)
 		for site, n := range w.RoutedTo {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_routed"], prometheus.CounterValue, float64(n), q, site)
+		}
+		for site, n := range w.Reclaimed {
+			ch <- prometheus.MustNewConstMetric(s.descs["wq_reclaim"], prometheus.CounterValue, float64(n), q, site)
 		}
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_ttl"], prometheus.GaugeValue, w.TTL.Seconds(), q)
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_maxlen"], prometheus.GaugeValue, float64(w.MaxLength), q)

@@ -290,20 +290,7 @@ func startWQSites(t *testing.T, h *rabbitharness.Harness, sites []string, share 
 	group := strings.Split(share, "/")[1]
 	brokers := map[string]*broker.Broker{}
 	for _, name := range sites {
-		b, err := broker.New(broker.Config{
-			MQTTListen:        "127.0.0.1:0",
-			ReportInterval:    time.Second,
-			Logger:            testLogger(t),
-			AMQPURL:           h.Node(name).AMQPURL(),
-			AMQPManagementURL: h.Node(name).ManagementURL(),
-			Site:              name,
-			ExportGroups:      []string{share},
-			WorkQueue:         wqc,
-		})
-		require.NoError(t, err)
-		require.NoError(t, b.Start())
-		t.Cleanup(func() { _ = b.Close() })
-		brokers[name] = b
+		brokers[name] = startWQBroker(t, h, name, "", share, wqc)
 	}
 	for _, name := range sites {
 		var ups []map[string]string
@@ -319,6 +306,27 @@ func startWQSites(t *testing.T, h *rabbitharness.Harness, sites []string, share 
 		publishAMQP(t, h.Node(name).AMQPURL(), bridge.ConfigQueueName(name), body)
 	}
 	return brokers
+}
+
+// startWQBroker starts a broker of site exporting share (brokerID: its
+// default when empty), stopped when the test ends.
+func startWQBroker(t *testing.T, h *rabbitharness.Harness, site, brokerID, share string, wqc bridge.WorkQueueConfig) *broker.Broker {
+	t.Helper()
+	b, err := broker.New(broker.Config{
+		MQTTListen:        "127.0.0.1:0",
+		ReportInterval:    time.Second,
+		Logger:            testLogger(t),
+		AMQPURL:           h.Node(site).AMQPURL(),
+		AMQPManagementURL: h.Node(site).ManagementURL(),
+		Site:              site,
+		BrokerID:          brokerID,
+		ExportGroups:      []string{share},
+		WorkQueue:         wqc,
+	})
+	require.NoError(t, err)
+	require.NoError(t, b.Start())
+	t.Cleanup(func() { _ = b.Close() })
+	return b
 }
 
 func otherSite(name string) string {

@@ -33,8 +33,8 @@ func TestWQConfigTuning(t *testing.T) {
 	require.Equal(t, 600, capa.MaxLength)
 	require.Equal(t, 100*time.Millisecond, capa.TTL)
 	require.Equal(t, RouteRing, c.Route, "default routing")
-	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteRing}, "berlin"))
-	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteNearest, TTLOverflowOnly: true}, "berlin"), "the thesis's rule routes nothing at publish")
+	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteRing}, "berlin", "b1"))
+	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteNearest, TTLOverflowOnly: true}, "berlin", "b1"), "the thesis's rule routes nothing at publish")
 
 	for _, tt := range []struct {
 		cfg  WorkQueueConfig

@@ -50,11 +50,11 @@ const stateTTL = "1000"
 
 // newGroupRouter returns the router of an exported group of site, or nil
 // when c does not route by the other sites' states.
-func newGroupRouter(c WorkQueueConfig, site string) *wqroute.Router {
+func newGroupRouter(c WorkQueueConfig, site, broker string) *wqroute.Router {
 	if c.Route != RouteNearest || c.TTLOverflowOnly {
 		return nil
 	}
-	return wqroute.NewRouter(wqroute.Config{Site: site, StaleAfter: stateStaleIntervals * c.StateInterval})
+	return wqroute.NewRouter(wqroute.Config{Site: site, Broker: broker, StaleAfter: stateStaleIntervals * c.StateInterval})
 }
 
 // declareRouteTopology creates group g's route exchange and binds the
@@ -72,17 +72,23 @@ func declareRouteTopology(ch *amqp.Channel, g, site string) error {
 }
 
 // stateChange is what of a group's state makes a broker publish it before
-// its heartbeat is due: its members, the intake, and any message taken
+// its heartbeat is due: its members, the intake, any message taken back
+// for a sibling (State.Unbooked), and any message taken
 // since (the other sites' routers book what they send until a state shows
 // it; a member that took and finished a message between two looks would
 // otherwise look unchanged, and the bookings would pile up).
 type stateChange struct {
 	online, idle, intake int
-	taken                uint64
+	taken, unbooked      uint64
 }
 
 func changeOf(st wqroute.State, taken uint64) stateChange {
 	c := stateChange{online: len(st.Members), intake: st.Intake, taken: taken}
+	for _, bySite := range st.Unbooked {
+		for _, n := range bySite {
+			c.unbooked += n
+		}
+	}
 	for _, m := range st.Members {
 		if m.Wait == 0 {
 			c.idle++
@@ -137,8 +143,10 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 				b.log.Debug("bridge: ignoring a malformed work-queue state", "exchange", x, "error", err)
 				continue
 			}
+			// The other brokers of this site publish here too: their
+			// members count with this broker's for local messages.
+			g.router.Observe(st, time.Now())
 			if st.Site != b.cfg.Site {
-				g.router.Observe(st, time.Now())
 				if err := b.dispatchHeld(ctx, dch, g); err != nil {
 					return err
 				}
@@ -152,6 +160,7 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 				return err
 			}
 			st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now, b.stats.wqTakenFrom(g.name))
+			st.Unbooked = b.stats.wqSiblingsReclaimed(g.name) // for the siblings' routers
 			c := changeOf(st, taken)
 			if c == last && now.Sub(lastSent) < stateHeartbeatIntervals*interval {
 				continue
@@ -204,6 +213,7 @@ func (b *Bridge) dispatchHeld(ctx context.Context, ch *amqp.Channel, g *workGrou
 			headers = amqp.Table{}
 		}
 		headers[headerRouted] = true
+		headers[headerBookedBy] = b.cfg.BrokerID
 		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, RouteExchangeName(g.name), site, false, false, amqp.Publishing{
 			Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
 			Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/luffymq/luffymq/bridge"
+	"github.com/luffymq/luffymq/broker"
 	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
@@ -30,8 +31,23 @@ type routeSetup struct {
 	rate      int
 	local     string
 	localRate int
-	// during runs in its own goroutine once publishing starts.
-	during func(t *testing.T, h *rabbitharness.Harness)
+	// siblingWorkers, if set, are members of a second broker at Tunis
+	// (broker ID "tunis-2"; the publisher stays on the first).
+	siblingWorkers []time.Duration
+	// during runs in its own goroutine once publishing starts; the
+	// final count waits for it.
+	during func(t *testing.T, run *routeRun)
+}
+
+// routeRun is a routing scenario under way, as its during hook sees it.
+type routeRun struct {
+	h       *rabbitharness.Harness
+	brokers map[string]*broker.Broker
+	share   string
+	wqc     bridge.WorkQueueConfig
+	tl      *tally
+	// published is closed once Tunis published its last message.
+	published chan struct{}
 }
 
 // Sequence numbers of the routing tests' messages: Tunis's are 0…, the
@@ -53,7 +69,7 @@ type routeResult struct {
 func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResult {
 	t.Helper()
 	share := "$share/" + s.group + "/jobs/" + s.group + "/#"
-	brokers := startWQSites(t, h, routeSites, share, bridge.WorkQueueConfig{
+	wqc := bridge.WorkQueueConfig{
 		MaxLengthPerMember: 3000,
 		TTLPerMember:       500 * time.Millisecond,
 		RetuneInterval:     100 * time.Millisecond,
@@ -61,7 +77,8 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 		// luffymq's --federation-max-hops default: the route exchange's
 		// own links must still take one hop only.
 		Federation: bridge.FederationConfig{MaxHops: 2},
-	})
+	}
+	brokers := startWQSites(t, h, routeSites, share, wqc)
 	tl := newTally()
 	members := 0
 	for site, services := range s.workers {
@@ -69,6 +86,18 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 			startWorker(t, brokers[site].MQTTAddr(), fmt.Sprintf("%s-%s-%d", s.group, site, i), share, site, svc, 5*time.Millisecond, tl)
 			members++
 		}
+	}
+	var sibling *broker.Broker // counted with the other brokers' members below
+	if s.siblingWorkers != nil {
+		sibling = startWQBroker(t, h, "tunis", "tunis-2", share, wqc)
+		for i, svc := range s.siblingWorkers {
+			startWorker(t, sibling.MQTTAddr(), fmt.Sprintf("%s-tunis2-%d", s.group, i), share, "tunis", svc, 5*time.Millisecond, tl)
+			members++
+		}
+	}
+	learnedAt := []*broker.Broker{brokers["tunis"], brokers["berlin"], brokers["montreal"]}
+	if sibling != nil {
+		learnedAt = append(learnedAt, sibling)
 	}
 	pubs := map[string]*mqtttest.Recorder{}
 	for _, name := range routeSites {
@@ -93,8 +122,8 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 	warm := warmupSeq
 	require.Eventually(t, func() bool {
 		learned := 0
-		for _, name := range routeSites {
-			for _, g := range brokers[name].Engine().Snapshot() {
+		for _, b := range learnedAt {
+			for _, g := range b.Engine().Snapshot() {
 				for _, m := range g.Members {
 					if g.Filter == share && m.Online && m.ServiceEstimate > 0 {
 						learned++
@@ -124,10 +153,11 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 
 	sent := make([]time.Time, s.messages)
 	done := make(chan struct{})
+	run := &routeRun{h: h, brokers: brokers, share: share, wqc: wqc, tl: tl, published: make(chan struct{})}
 	if s.during != nil {
 		go func() {
 			defer close(done)
-			s.during(t, h)
+			s.during(t, run)
 		}()
 	} else {
 		close(done)
@@ -162,6 +192,7 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 		send("tunis", i)
 	}
 	tick.Stop()
+	close(run.published)
 	<-done
 	require.Eventually(t, func() bool {
 		tl.mu.Lock()
@@ -192,6 +223,23 @@ func checkExactlyOnce(t *testing.T, r routeResult) {
 	t.Helper()
 	distinct, _, ids, _ := r.tl.counts()
 	require.Equal(t, distinct, ids, "a message was processed under two message IDs, or two messages under one")
+}
+
+// publishedBetween counts Tunis's messages published in [from, to) and
+// those of them first started at site.
+func publishedBetween(r routeResult, from, to time.Time, site string) (n, at int) {
+	r.tl.mu.Lock()
+	defer r.tl.mu.Unlock()
+	for i, sent := range r.sent {
+		if sent.Before(from) || !sent.Before(to) {
+			continue
+		}
+		n++
+		if r.tl.firstSite[i] == site {
+			at++
+		}
+	}
+	return n, at
 }
 
 func TestWorkQueueRouting(t *testing.T) {
@@ -235,17 +283,34 @@ func TestWorkQueueRouting(t *testing.T) {
 		require.Positive(t, away, "no message went to the idle sites")
 		require.LessOrEqual(t, away, 14, "%d of tunis's 40 messages left for sites whose members take 1 s", away)
 	})
+	t.Run("a sibling broker's idle members keep the site's messages at home", func(t *testing.T) {
+		// As in the first case, but a second broker at Tunis has two idle
+		// 20 ms members: the site can start everything at once, and
+		// Tunis's broker must see it (the sibling's states) instead of
+		// sending half of it to Berlin as its own busy member would have
+		// it.
+		r := runRouting(t, h, routeSetup{group: "rsibling", route: bridge.RouteNearest, messages: 80, rate: 20,
+			workers:        map[string][]time.Duration{"tunis": {100 * ms}, "berlin": {20 * ms, 20 * ms}, "montreal": {20 * ms, 20 * ms}},
+			siblingWorkers: []time.Duration{20 * ms, 20 * ms}})
+		checkExactlyOnce(t, r)
+		away := r.spilledTo["berlin"] + r.spilledTo["montreal"]
+		require.LessOrEqual(t, away, 8, "%d of tunis's 80 messages left the site though a sibling broker's members were idle", away)
+	})
 	t.Run("a cut link sends new messages elsewhere and loses nothing", func(t *testing.T) {
 		// As in the first case, but both links between Tunis and Berlin
 		// are cut 1 s into publishing, with messages on their way to
 		// Berlin, and restored 5 s later. Berlin's state goes stale after
 		// 1.5 s (and what Tunis sent it is not taken meanwhile); what
 		// Tunis publishes from then on must start elsewhere, before the
-		// links return; what was held for Berlin arrives once they do.
+		// links return. What was held for Berlin in Tunis's link queue
+		// is taken back 3 s after Berlin's last state (the cut lasts
+		// longer) and processed elsewhere; what was already on its way
+		// arrives once the links return.
 		var cutAt, restoredAt time.Time
 		r := runRouting(t, h, routeSetup{group: "rcut", route: bridge.RouteNearest, messages: 140, rate: 20,
 			workers: map[string][]time.Duration{"tunis": {100 * ms}, "berlin": {20 * ms, 20 * ms}, "montreal": {20 * ms, 20 * ms}},
-			during: func(t *testing.T, h *rabbitharness.Harness) {
+			during: func(t *testing.T, run *routeRun) {
+				h := run.h
 				time.Sleep(time.Second) // let messages be booked to Berlin
 				links := make([]*rabbitharness.Link, 0, 2)
 				for _, pair := range [][2]string{{"tunis", "berlin"}, {"berlin", "tunis"}} {
@@ -270,20 +335,8 @@ func TestWorkQueueRouting(t *testing.T) {
 			}})
 		checkExactlyOnce(t, r)
 		_, dups, _, _ := r.tl.counts()
-		t.Logf("duplicate deliveries (same message ID, deduplicated by members): %d", dups)
-		r.tl.mu.Lock()
-		defer r.tl.mu.Unlock()
-		stale := cutAt.Add(2 * time.Second)
-		late, atBerlin := 0, 0
-		for i, at := range r.sent {
-			if at.Before(stale) || !at.Before(restoredAt) {
-				continue
-			}
-			late++
-			if r.tl.firstSite[i] == "berlin" {
-				atBerlin++
-			}
-		}
+		t.Logf("duplicate deliveries (same message ID, deduplicated by members): %d; taken back from the link queue towards berlin: %d", dups, r.tunis.Reclaimed["berlin"])
+		late, atBerlin := publishedBetween(r, cutAt.Add(2*time.Second), restoredAt, "berlin")
 		// Routing sends none there; a message kept at Tunis that
 		// outlives its TTL still leaves through the hash ring, which may
 		// pick Berlin (with the ring alone, 23 of 54 went there).

@@ -405,7 +405,7 @@ func (b *Bridge) retune(ctx context.Context, ch *amqp.Channel, g *workGroup, rc 
 		w = 1
 	}
 	ttl := c.TTL
-	if g.router != nil && predictable(b.membersOf(g)) {
+	if g.router != nil && allTimed(b.membersOf(g)) {
 		// See heldTTL. Members that cannot be predicted (no service
 		// time) keep the thesis's rule: their publishes stay, and the TTL
 		// sends them on.

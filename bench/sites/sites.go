@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -104,6 +105,10 @@ func DefaultSitesConfig() SitesConfig {
 // 1 s service time over ServiceTime.
 func (c SitesConfig) timeFactor() float64 { return float64(time.Second) / float64(c.ServiceTime) }
 
+// scaleText is a time scale as the reports show it, to two decimals: 1 s
+// over 333 ms is 3×, not 3.003003…×.
+func scaleText(f float64) string { return harness.TrimFloat(math.Round(f*100) / 100) }
+
 // ScaledWQ returns c with every zero work-queue constant set to luffymq's
 // default (bridge.Default…), the TTL per member divided by the time scale
 // (to the millisecond): it is the time a message waits at its site,
@@ -178,7 +183,7 @@ func errWQFlagsUnsupported(bin string) error {
 func (c SitesConfig) describeWQ() string {
 	c = c.ScaledWQ()
 	return fmt.Sprintf("luffymq's work queues get wq TTL per member %s at %s× scale (default %s), retune interval %s (default %s), max length %d and unacked %d per member",
-		fmtFlagDur(c.WQTTLPerMember), harness.TrimFloat(c.timeFactor()), fmtFlagDur(bridge.DefaultTTLPerMember), fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval),
+		fmtFlagDur(c.WQTTLPerMember), scaleText(c.timeFactor()), fmtFlagDur(bridge.DefaultTTLPerMember), fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval),
 		c.WQMaxLengthPerMember, c.WQUnackedPerMember)
 }
 
@@ -263,7 +268,7 @@ func (c SitesConfig) TimeScale() string {
 			c.ServiceTime, harness.TrimFloat(c.ProducerRate), c.ReconfigPeriod, c.describeWQ())
 	}
 	return fmt.Sprintf("time scaled %s× down from the thesis: consumers take %s per message instead of 1 s, producers send %s msg/s instead of %s, the reconfiguration period is %s instead of 30 s (benchmark setting of issue 8; the thesis used 2 min), %s; network delays are not scaled (one-way delays of scenarios.md §C)",
-		harness.TrimFloat(f), c.ServiceTime, harness.TrimFloat(c.ProducerRate), harness.TrimFloat(c.ProducerRate/f), c.ReconfigPeriod, c.describeWQ())
+		scaleText(f), c.ServiceTime, harness.TrimFloat(c.ProducerRate), harness.TrimFloat(c.ProducerRate/f), c.ReconfigPeriod, c.describeWQ())
 }
 
 // SiteOverlay is one site's overlay traffic during a run's measurement.
@@ -405,39 +410,71 @@ func (c SitesConfig) sitesRunsFor(scenario string) []string {
 // RunSites runs set C and writes sites.json, summary.md and the plots into
 // cfg.Out.
 func RunSites(ctx context.Context, cfg SitesConfig) error {
-	cfg = cfg.ScaledWQ()
-	if err := cfg.validate(); err != nil {
+	cfg, cleanup, err := prepareSites(ctx, cfg)
+	if err != nil {
 		return err
+	}
+	defer cleanup()
+	fmt.Fprintf(cfg.Progress, "starting %d RabbitMQ nodes (%s) …\n", len(cfg.Sites), strings.Join(cfg.Sites, ", "))
+	began := time.Now()
+	env, err := startSitesEnv(ctx, cfg.Sites, cfg.LuffyMQ, filepath.Join(cfg.Out, "logs"), rabbitharness.CityDelay)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	fmt.Fprintf(cfg.Progress, "nodes up in %s\n", harness.FmtDur(time.Since(began)))
+	_, err = runSitesOn(ctx, cfg, env)
+	return err
+}
+
+// prepareSites checks cfg, creates cfg.Out and its logs/, and finds (or
+// builds) the binaries: the returned cfg's LuffyMQ (and controller, when
+// reconfig runs) are paths to use. cleanup removes what was built.
+func prepareSites(ctx context.Context, cfg SitesConfig) (SitesConfig, func(), error) {
+	cfg = cfg.ScaledWQ()
+	nothing := func() {}
+	if err := cfg.validate(); err != nil {
+		return cfg, nothing, err
 	}
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
 	}
 	if err := rabbitharness.Available(); err != nil {
-		return err
+		return cfg, nothing, err
 	}
-	logDir := filepath.Join(cfg.Out, "logs")
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		return fmt.Errorf("output directory: %w", err)
+	if err := os.MkdirAll(filepath.Join(cfg.Out, "logs"), 0o755); err != nil {
+		return cfg, nothing, fmt.Errorf("output directory: %w", err)
 	}
-	bin, cleanup, err := harness.LuffyMQBinary(ctx, cfg.LuffyMQ, cfg.Progress)
+	bin, cleanBin, err := harness.LuffyMQBinary(ctx, cfg.LuffyMQ, cfg.Progress)
 	if err != nil {
-		return err
+		return cfg, nothing, err
 	}
-	defer cleanup()
 	if _, err := os.Stat(bin); err != nil {
-		return fmt.Errorf("--luffymq %s: %w", bin, err)
+		cleanBin()
+		return cfg, nothing, fmt.Errorf("--luffymq %s: %w", bin, err)
 	}
 	if err := errWQFlagsUnsupported(bin); err != nil {
-		return err
+		cleanBin()
+		return cfg, nothing, err
 	}
-	if slices.Contains(cfg.Scenarios, SitesReconfig) && len(cfg.sitesRunsFor(SitesReconfig)) > 0 {
-		ctl, cleanup, err := controllerBinary(ctx, cfg.Controller, cfg.Progress)
-		if err != nil {
-			return err
-		}
-		defer cleanup()
-		cfg.controller = ctl
+	cfg.LuffyMQ = bin
+	if !slices.Contains(cfg.Scenarios, SitesReconfig) || len(cfg.sitesRunsFor(SitesReconfig)) == 0 {
+		return cfg, cleanBin, nil
 	}
+	ctl, cleanCtl, err := controllerBinary(ctx, cfg.Controller, cfg.Progress)
+	if err != nil {
+		cleanBin()
+		return cfg, nothing, err
+	}
+	cfg.controller = ctl
+	return cfg, func() { cleanCtl(); cleanBin() }, nil
+}
+
+// runSitesOn runs cfg's scenarios on env, whose nodes are cfg.Sites, and
+// writes sites.json, summary.md and the plots into cfg.Out (its logs into
+// cfg.Out/logs). cfg comes from prepareSites.
+func runSitesOn(ctx context.Context, cfg SitesConfig, env *sitesEnv) (*SitesResults, error) {
+	began := time.Now()
 	res := &SitesResults{Machine: harness.DescribeMachine(""), Config: cfg, TimeScale: cfg.TimeScale(), RabbitMQ: rabbitMQVersion(),
 		DelaysMs: map[string]map[string]float64{}, Notes: sitesNotes(cfg)}
 	for _, a := range cfg.Sites {
@@ -451,7 +488,7 @@ func RunSites(ctx context.Context, cfg SitesConfig) error {
 		if isWorkQueue(sc) {
 			w, err := newWQWorkload(sc, cfg.Sites, cfg.ConsumersPerSite, cfg.ServiceTime, cfg.WQDuration)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			wl.WQ = &w
 		} else {
@@ -461,21 +498,15 @@ func RunSites(ctx context.Context, cfg SitesConfig) error {
 			}
 			w, err := newPSWorkload(sc, cfg.Sites, cfg.Seed, phase, cfg.ProducerRate)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			wl.PS = &w
 		}
 		res.Workloads = append(res.Workloads, wl)
 	}
-	fmt.Fprintf(cfg.Progress, "starting %d RabbitMQ nodes (%s) …\n", len(cfg.Sites), strings.Join(cfg.Sites, ", "))
-	began := time.Now()
-	env, err := startSitesEnv(ctx, cfg.Sites, bin, logDir, rabbitharness.CityDelay)
-	if err != nil {
-		return err
-	}
-	defer env.Close()
+	env.luffymq, env.logDir = cfg.LuffyMQ, filepath.Join(cfg.Out, "logs")
 	env.brokerFlags = cfg.luffyMQWQFlags()
-	fmt.Fprintf(cfg.Progress, "nodes up in %s; %s (%s)\n", harness.FmtDur(time.Since(began)), cfg.describeWQ(), strings.Join(env.brokerFlags, " "))
+	fmt.Fprintf(cfg.Progress, "%s (%s)\n", cfg.describeWQ(), strings.Join(env.brokerFlags, " "))
 	r := &sitesRunner{cfg: cfg, env: env, delays: delayMatrix(cfg.Sites, rabbitharness.CityDelay), progress: cfg.Progress}
 	type job struct{ scenario, arch string }
 	var jobs []job
@@ -497,17 +528,17 @@ func RunSites(ctx context.Context, cfg SitesConfig) error {
 		res.Runs = append(res.Runs, run)
 		res.Generated = time.Now().UTC()
 		if err := harness.WriteJSON(jsonPath, res.finite()); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := writeSitesReport(cfg.Out, res); err != nil {
-		return err
+		return nil, err
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("interrupted; partial results in %s", cfg.Out)
+		return nil, fmt.Errorf("interrupted; partial results in %s", cfg.Out)
 	}
 	fmt.Fprintf(cfg.Progress, "done in %s: %s, %s\n", harness.FmtDur(time.Since(began)), jsonPath, filepath.Join(cfg.Out, "summary.md"))
-	return nil
+	return res, nil
 }
 
 // rabbitMQVersion returns the version of the installed RabbitMQ package,

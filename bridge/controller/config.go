@@ -28,6 +28,8 @@ const (
 	DefaultHTTPListen     = "127.0.0.1:9090"
 	DefaultRequestTimeout = 10 * time.Second
 	DefaultFirstWindow    = 10 * time.Second
+	// MaxRateHalfLife is the longest --rate-half-life accepted, in periods.
+	MaxRateHalfLife = 100
 	// MinHTTPTokenLength is the shortest --http-token accepted.
 	MinHTTPTokenLength = 16
 )
@@ -64,6 +66,14 @@ type Config struct {
 	// (the first round, --once, a site reached for the first time), which
 	// has no previous read to count from (10 s, at most half the period).
 	FirstWindow time.Duration
+	// RateHalfLife is the half-life, in periods, of the moving average of
+	// the rates placement sees (see DefaultRateHalfLife); 0 (the zero
+	// value) uses each period's rates as they are.
+	RateHalfLife float64
+	// MoveMargin is the fraction by which moving an exchange's
+	// synchronisation site must lower its cost (see DefaultMoveMargin); 0
+	// (the zero value) moves on any gain beyond λ.
+	MoveMargin float64
 	// Logger receives the controller's logs (slog.Default()).
 	Logger *slog.Logger
 }
@@ -80,6 +90,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if math.IsNaN(c.Lambda) || math.IsInf(c.Lambda, 0) || c.Lambda < 0 {
 		return c, fmt.Errorf("%w: lambda %v: use a finite number >= 0", ErrInvalidConfig, c.Lambda)
+	}
+	if math.IsNaN(c.RateHalfLife) || c.RateHalfLife < 0 || c.RateHalfLife > MaxRateHalfLife {
+		return c, fmt.Errorf("%w: rate-half-life %v: use a number of periods from 0 (no smoothing) to %v", ErrInvalidConfig, c.RateHalfLife, MaxRateHalfLife)
+	}
+	if math.IsNaN(c.MoveMargin) || c.MoveMargin < 0 || c.MoveMargin >= 1 {
+		return c, fmt.Errorf("%w: move-margin %v: use a fraction from 0 (no hysteresis) to below 1, e.g. 0.1 or 10%%", ErrInvalidConfig, c.MoveMargin)
 	}
 	if c.Algorithm == "" {
 		c.Algorithm = AlgorithmImproved
@@ -137,6 +153,9 @@ func ConfigFromArgs(args []string, usage io.Writer) (Config, error) {
 	fs.StringVar(&c.HTTPToken, "http-token", "", "bearer token the HTTP endpoints require (needed when --http is not loopback)")
 	fs.BoolVar(&c.Once, "once", false, "run one round, print the status JSON on stdout and exit (1 if a site could not be read or configured); no HTTP server")
 	fs.DurationVar(&c.FirstWindow, "first-window", DefaultFirstWindow, "how long the first round (and --once) measures each site's traffic before placing, as it has no earlier read to count from")
+	c.RateHalfLife, c.MoveMargin = DefaultRateHalfLife, DefaultMoveMargin
+	fs.Float64Var(&c.RateHalfLife, "rate-half-life", DefaultRateHalfLife, "half-life, in periods, of the moving average of the rates placement sees: with --move-margin, keeps short phases of traffic from moving synchronisation sites back and forth (0: each period's rates as they are)")
+	fs.Var(fractionFlag{&c.MoveMargin}, "move-margin", "move an exchange's synchronisation site only when that lowers its cost (eq. 2.1, λ included) by more than this fraction, or relieves overloaded bandwidth, e.g. 10% or 0.1 (0: on any gain)")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", DefaultRequestTimeout, "bound on each request to a site's management API, luffymq API or RabbitMQ")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -48,6 +48,11 @@ type siteState struct {
 	// status API.
 	capacity       []GroupCapacity
 	luffyConnected bool
+	// luffy is the last read of the luffymq status API; overflowIn the
+	// work-queue overflow the site took from each other site over the
+	// period before it, in messages per second (nil before two reads).
+	luffy      *luffyStatus
+	overflowIn map[string]float64
 	// published is the configuration last published to the site, or found
 	// applied there on first contact; nil while unknown.
 	published   siteconfig.SiteConfig
@@ -65,6 +70,7 @@ type Controller struct {
 	metrics *metrics
 
 	roundMu sync.Mutex // one round at a time
+	damp    *damper    // used under roundMu
 
 	mu         sync.Mutex // guards what follows and every siteState
 	rounds     uint64
@@ -74,6 +80,8 @@ type Controller struct {
 	evaluation *placement.Evaluation
 	lastRound  *RoundInfo
 	lastChange *Change
+	held       []HeldMove
+	wq         map[string]WorkQueueTraffic
 	addr       net.Addr
 }
 
@@ -89,6 +97,7 @@ func New(cfg Config) (*Controller, error) {
 		log:   cfg.Logger.With("component", "controller"),
 		luffy: &http.Client{Timeout: cfg.RequestTimeout},
 		plan:  placement.Plan{},
+		damp:  newDamper(cfg.RateHalfLife, cfg.Period.Seconds(), cfg.MoveMargin),
 	}
 	for _, s := range cfg.Sites.Sites {
 		r, err := newManagementReader(s, cfg.RequestTimeout)
@@ -157,6 +166,8 @@ type RoundResult struct {
 	Configs map[string]siteconfig.SiteConfig
 	// Change is non-nil when the plan changed.
 	Change *Change
+	// Held lists the moves the hysteresis refused (--move-margin).
+	Held []HeldMove
 }
 
 // readResult is one site's reads of a round.
@@ -231,7 +242,7 @@ func (c *Controller) Round(ctx context.Context) (*RoundResult, error) {
 		r := reads[i]
 		c.setReach(st, APIManagement, r.mgmtErr)
 		if r.mgmtErr == nil {
-			rr := ratesBetween(st.site.Name, r.prev, r.sample)
+			rr := c.damp.smooth(st.site.Name, ratesBetween(st.site.Name, r.prev, r.sample))
 			st.sample, st.rates = r.sample, &rr
 		} else {
 			errs = append(errs, fmt.Errorf("site %s: management API %s: %w", st.site.Name, redactURL(st.site.ManagementURL), r.mgmtErr))
@@ -240,6 +251,10 @@ func (c *Controller) Round(ctx context.Context) (*RoundResult, error) {
 			c.setReach(st, APILuffyMQ, r.luffyErr)
 			if r.luffyErr == nil {
 				st.capacity, st.luffyConnected = r.luffy.groups, r.luffy.connected
+				if st.luffy != nil {
+					st.overflowIn = overflowRates(st.luffy, r.luffy)
+				}
+				st.luffy = r.luffy
 			} else {
 				errs = append(errs, fmt.Errorf("site %s: luffymq API %s: %w", st.site.Name, redactURL(st.site.LuffyMQURL), r.luffyErr))
 			}
@@ -249,25 +264,26 @@ func (c *Controller) Round(ctx context.Context) (*RoundResult, error) {
 			rates[st.site.Name] = st.rates
 		}
 	}
-	in, summary := buildInput(c.cfg.Sites, rates, nil, c.cfg.Lambda, c.rounds)
-	previous := recoverPrevious(in, samples, c.plan)
-	for _, x := range in.Exchanges {
-		if p, ok := previous[x.Name]; ok {
-			in.Previous[x.Name] = p
+	received, sizes := map[string]map[string]float64{}, map[string]float64{}
+	for _, st := range c.sites {
+		if st.overflowIn != nil && st.rates != nil {
+			received[st.site.Name], sizes[st.site.Name] = st.overflowIn, st.rates.meanMessageSize
 		}
 	}
-	oldPlan := c.plan
+	wq := workQueueTraffic(received, sizes)
+	oldPlan, seed := c.plan, c.rounds
 	c.mu.Unlock()
 
-	result, err := c.place(in)
+	dec, err := c.decide(rates, samples, wq, oldPlan, seed)
 	if err != nil {
 		// Never expected: the input is built from validated sites.
 		errs = append(errs, err)
 		c.finishRound(res, start, errs)
 		return res, errors.Join(errs...)
 	}
-	res.Input, res.Exchanges, res.Result = in, summary, result
-	change, eval := c.describeChange(in, previous, oldPlan, result)
+	in, result := dec.in, dec.result
+	res.Input, res.Exchanges, res.Result, res.Held = in, dec.summary, result, dec.held
+	change, eval := c.describeChange(in, dec.previous, oldPlan, result)
 	res.Change = change
 
 	c.mu.Lock()
@@ -330,13 +346,15 @@ func (c *Controller) Round(ctx context.Context) (*RoundResult, error) {
 	for _, d := range result.Decisions {
 		c.decisions[d.Exchange] = d
 	}
-	c.inputs = summary
+	c.inputs = dec.summary
+	c.held = dec.held
+	c.wq = wq
 	c.evaluation = eval
 	if change != nil {
 		c.lastChange = change
 	}
 	c.mu.Unlock()
-	c.metrics.observePlan(oldPlan, result.Plan, change, eval)
+	c.metrics.observePlan(oldPlan, result.Plan, change, eval, dec.held)
 	c.finishRound(res, start, errs)
 	return res, errors.Join(errs...)
 }
@@ -373,6 +391,39 @@ func (c *Controller) finishRound(res *RoundResult, start time.Time, errs []error
 	c.mu.Unlock()
 	c.metrics.rounds.Inc()
 	c.metrics.lastRoundSeconds.Set(d.Seconds())
+}
+
+// decision is what a round decided from its measurements.
+type decision struct {
+	in       placement.Input
+	summary  []ExchangeInput
+	previous map[string]string
+	result   placement.Result
+	held     []HeldMove
+}
+
+// decide places the global exchanges on the (smoothed) rates of every
+// known site, with the bandwidth the work-queue overflow wq leaves, from
+// the plan oldPlan (or, for exchanges it lacks, the one the sites' links
+// show), and applies the hysteresis. It does no I/O.
+func (c *Controller) decide(rates map[string]*siteRates, samples map[string]*siteSample, wq map[string]WorkQueueTraffic, oldPlan placement.Plan, seed uint64) (decision, error) {
+	in, summary := buildInput(c.cfg.Sites, rates, nil, c.cfg.Lambda, seed)
+	for i := range in.Sites {
+		t := wq[in.Sites[i].Name]
+		in.Sites[i].WorkQueueInbound, in.Sites[i].WorkQueueOutbound = t.In, t.Out
+	}
+	previous := recoverPrevious(in, samples, oldPlan)
+	for _, x := range in.Exchanges {
+		if p, ok := previous[x.Name]; ok {
+			in.Previous[x.Name] = p
+		}
+	}
+	result, err := c.place(in)
+	if err != nil {
+		return decision{}, err
+	}
+	result, held := c.damp.hold(in, result)
+	return decision{in: in, summary: summary, previous: previous, result: result, held: held}, nil
 }
 
 func (c *Controller) place(in placement.Input) (placement.Result, error) {
@@ -569,7 +620,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		}()
 	}
 	c.log.Info("luffy-controller started", "sites", len(c.sites), "period", c.cfg.Period, "algorithm", c.cfg.Algorithm,
-		"lambda", c.cfg.Lambda, "http", c.HTTPAddr())
+		"lambda", c.cfg.Lambda, "rate_half_life_periods", c.cfg.RateHalfLife, "move_margin", c.cfg.MoveMargin, "http", c.HTTPAddr())
 	tick := time.NewTicker(c.cfg.Period)
 	defer tick.Stop()
 	for {

@@ -16,23 +16,32 @@
 //     vhost's network connections and channels for the mean message size
 //     (bytes received over messages published, as the thesis measures
 //     it). From the luffymq status API (optional): each work-queue
-//     group's capacity (online members, max length, weight, depth).
+//     group's capacity (online members, max length, weight, depth) and
+//     how many messages of each other site's overflow its members took.
 //  2. Turn counters into rates over the period (the difference from the
 //     site's previous read; on a site's first read, from a read taken
 //     --first-window earlier, so that every rate of a site covers the same
 //     interval), per site and exchange: P^in = publishes minus those of federation
 //     links, P^out = routed minus routed into federation queues, T^in =
 //     federation links' publishes, T^out = federation queue deliveries.
+//     With --rate-half-life, placement sees these rates' moving average
+//     over rounds (damping.go). The overflow counters give each site's
+//     work-queue overflow in and out over the overlay, in bytes per second
+//     (messages times the receiver's mean message size).
 //  3. Build placement.Input: the global exchanges are the pubsub*
 //     exchanges present at two sites or more; sites, bandwidths and delays
 //     come from the sites file; the previous plan is the controller's own
 //     (after a restart, recovered from the links the sites run: the one
 //     instance that federates an exchange from several upstreams is its
-//     synchronisation site); λ from --lambda.
+//     synchronisation site); λ from --lambda. Each site's bandwidth is
+//     what its work-queue overflow leaves (placement.Site.WorkQueueInbound
+//     and WorkQueueOutbound).
 //  4. Place with placement.Improved (default) or placement.Heuristic
 //     (--algorithm thesis), and describe what moved, why, and the cost
 //     before and after (the exchange's term of eq. 2.1 at both sites and
-//     the plan's total).
+//     the plan's total). With --move-margin, a move whose gain is within
+//     the margin, and whose undoing adds no overload, is held: the
+//     exchange keeps its synchronisation site (reason "held").
 //  5. Translate the plan into each site's configuration (siteconfig.SiteConfig,
 //     the §2.6 JSON the site agent reads): the synchronisation site
 //     federates the exchange from every other instance and each other
@@ -64,7 +73,8 @@
 // _plan_changes_total, _moves_total{exchange}, _sync_site{exchange,site},
 // _site_reachable{site,api}, _site_unreachable_total{site,api},
 // _configurations_published_total{site}, _plan_cost,
-// _plan_overload_bytes_per_second, _global_exchanges. /api/v1/status: the
+// _plan_overload_bytes_per_second, _global_exchanges, _moves_held_total{exchange},
+// _moves_held. /api/v1/status: the damping settings and held moves, the
 // plan with each exchange's inputs and reason, the last change, every
 // site's reachability, rates, capacity and configuration (Status).
 package controller

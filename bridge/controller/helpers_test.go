@@ -103,15 +103,19 @@ func sitesFile(t *testing.T, vhost string, sites []testSite, delays map[string]f
 const testFirstWindow = 300 * time.Millisecond
 
 // newController returns a controller over sites whose logs go to logs
-// (and to stderr with -v).
-func newController(t *testing.T, sites *Sites, lambda float64, logs io.Writer) *Controller {
+// (and to stderr with -v), without damping unless options set it.
+func newController(t *testing.T, sites *Sites, lambda float64, logs io.Writer, options ...func(*Config)) *Controller {
 	t.Helper()
 	w := logs
 	if testing.Verbose() {
 		w = io.MultiWriter(logs, os.Stderr)
 	}
-	c, err := New(Config{Sites: sites, Lambda: lambda, Period: time.Minute, RequestTimeout: 5 * time.Second, FirstWindow: testFirstWindow,
-		Logger: slog.New(slog.NewTextHandler(w, nil)).With("test", t.Name())})
+	cfg := Config{Sites: sites, Lambda: lambda, Period: time.Minute, RequestTimeout: 5 * time.Second, FirstWindow: testFirstWindow,
+		Logger: slog.New(slog.NewTextHandler(w, nil)).With("test", t.Name())}
+	for _, o := range options {
+		o(&cfg)
+	}
+	c, err := New(cfg)
 	require.NoError(t, err)
 	return c
 }
@@ -197,3 +201,6 @@ func drainConfigs(t *testing.T, ch *amqp.Channel, site string) []bridge.SiteConf
 type stringer func() string
 
 func (s stringer) String() string { return s() }
+
+// withDamping turns on the damping luffy-controller has by default.
+func withDamping(c *Config) { c.RateHalfLife, c.MoveMargin = DefaultRateHalfLife, DefaultMoveMargin }

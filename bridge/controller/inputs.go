@@ -261,3 +261,55 @@ func workQueueHolders(sites *Sites, samples map[string]*siteSample) map[string][
 	}
 	return out
 }
+
+// WorkQueueTraffic is the work-queue overflow a site receives from and sends to
+// the other sites over the overlay, in bytes per second.
+type WorkQueueTraffic struct {
+	In  float64 `json:"inbound_bytes_per_s"`
+	Out float64 `json:"outbound_bytes_per_s"`
+}
+
+// overflowRates turns two reads of a site's luffymq status API into the
+// overflow its members took from each other site, in messages per second.
+// A counter that went back (luffymq restarted) counts from zero.
+func overflowRates(prev, cur *luffyStatus) map[string]float64 {
+	out := map[string]float64{}
+	dt := cur.at.Sub(prev.at).Seconds()
+	if dt <= 0 {
+		return out
+	}
+	for origin, n := range cur.fromSite {
+		if b, ok := prev.fromSite[origin]; ok && n >= b {
+			n -= b
+		}
+		if n > 0 {
+			out[origin] = float64(n) / dt
+		}
+	}
+	return out
+}
+
+// workQueueTraffic estimates each site's work-queue overflow over the
+// overlay from what receivers report (received: receiver -> origin ->
+// messages per second): a receiver's inbound is what it took from every
+// origin, an origin's outbound what every receiver took from it, both
+// times the receiver's mean message size. Messages that crossed and were
+// not taken yet are not counted, so it errs low.
+func workQueueTraffic(received map[string]map[string]float64, sizes map[string]float64) map[string]WorkQueueTraffic {
+	out := map[string]WorkQueueTraffic{}
+	for receiver, from := range received {
+		for origin, rate := range from {
+			if origin == receiver {
+				continue
+			}
+			bytes := rate * sizes[receiver]
+			r := out[receiver]
+			r.In += bytes
+			out[receiver] = r
+			o := out[origin]
+			o.Out += bytes
+			out[origin] = o
+		}
+	}
+	return out
+}

@@ -20,6 +20,8 @@ type metrics struct {
 	planCost         prometheus.Gauge
 	planOverload     prometheus.Gauge
 	globalExchanges  prometheus.Gauge
+	heldMoves        *prometheus.CounterVec
+	held             prometheus.Gauge
 }
 
 func newMetrics(c *Controller) *metrics {
@@ -47,9 +49,13 @@ func newMetrics(c *Controller) *metrics {
 			Help: "How far the current plan's estimated overlay traffic exceeds the sites' bandwidth limits (0: within them)."}),
 		globalExchanges: prometheus.NewGauge(prometheus.GaugeOpts{Name: "luffy_controller_global_exchanges",
 			Help: "pubsub* exchanges present at two sites or more."}),
+		heldMoves: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "luffy_controller_moves_held_total",
+			Help: "Rounds in which the hysteresis (--move-margin) kept an exchange at its synchronisation site although placement chose another."}, []string{"exchange"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "luffy_controller_moves_held",
+			Help: "Exchanges whose move the hysteresis held in the last round."}),
 	}
 	m.registry.MustRegister(m.rounds, m.lastRoundSeconds, m.planChanges, m.moves, m.syncSite, m.reachable,
-		m.unreachable, m.publishes, m.planCost, m.planOverload, m.globalExchanges)
+		m.unreachable, m.publishes, m.planCost, m.planOverload, m.globalExchanges, m.heldMoves, m.held)
 	for _, st := range c.sites {
 		m.publishes.WithLabelValues(st.site.Name)
 		for _, api := range apis {
@@ -63,7 +69,11 @@ func newMetrics(c *Controller) *metrics {
 }
 
 // observePlan updates the plan series after a round.
-func (m *metrics) observePlan(old, plan placement.Plan, change *Change, eval *placement.Evaluation) {
+func (m *metrics) observePlan(old, plan placement.Plan, change *Change, eval *placement.Evaluation, held []HeldMove) {
+	for _, h := range held {
+		m.heldMoves.WithLabelValues(h.Exchange).Inc()
+	}
+	m.held.Set(float64(len(held)))
 	for x, site := range old {
 		if plan[x] != site {
 			m.syncSite.DeleteLabelValues(x, site)

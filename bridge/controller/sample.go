@@ -217,12 +217,23 @@ func parseLink(l map[string]any) federationLink {
 
 // channelPublishes is the part of a management API channel the controller
 // reads (rabbit-hole's ChannelInfo has no message statistics). RabbitMQ
-// writes empty statistics as [] rather than {}.
+// writes empty statistics as [] rather than {}, and so the connection
+// details of a channel whose connection is closing.
 type channelPublishes struct {
-	ConnectionDetails struct {
+	ConnectionDetails json.RawMessage `json:"connection_details"`
+	MessageStats      json.RawMessage `json:"message_stats"`
+}
+
+// connection returns the name of the channel's connection ("" when
+// RabbitMQ gave none).
+func (c channelPublishes) connection() string {
+	var d struct {
 		Name string `json:"name"`
-	} `json:"connection_details"`
-	MessageStats json.RawMessage `json:"message_stats"`
+	}
+	if len(c.ConnectionDetails) > 0 && c.ConnectionDetails[0] == '{' {
+		_ = json.Unmarshal(c.ConnectionDetails, &d)
+	}
+	return d.Name
 }
 
 // published returns the channel's publish counter (0 when it has none).
@@ -271,7 +282,7 @@ func (r *managementReader) meanMessageSize(ctx context.Context) (float64, error)
 	}
 	published := map[string]int64{}
 	for _, ch := range channels {
-		published[ch.ConnectionDetails.Name] += ch.published()
+		published[ch.connection()] += ch.published()
 	}
 	var bytes, messages float64
 	for name, n := range published {
@@ -304,6 +315,12 @@ type GroupCapacity struct {
 type luffyStatus struct {
 	connected bool
 	groups    []GroupCapacity
+	// at is when it was read; fromSite counts, by origin site, the
+	// messages of other sites' overflow the site's members took, over
+	// every group (BridgeWorkQueue.FromSite: overflow through the intake
+	// and messages routed here).
+	at       time.Time
+	fromSite map[string]uint64
 }
 
 // readLuffyMQ reads the site's luffymq status API: the bridge (work
@@ -317,13 +334,16 @@ func readLuffyMQ(ctx context.Context, client *http.Client, s Site) (*luffyStatus
 	if err := getJSON(ctx, client, s, "/api/v1/groups", &gr); err != nil {
 		return nil, err
 	}
-	st := &luffyStatus{}
+	st := &luffyStatus{at: time.Now(), fromSite: map[string]uint64{}}
 	if br.Bridge == nil {
 		return st, nil
 	}
 	st.connected = br.Bridge.Connected
 	for _, wq := range br.Bridge.WorkQueues {
 		c := GroupCapacity{Group: wq.Group, MaxLength: wq.MaxLength, Weight: wq.Weight, Depth: wq.Depth}
+		for origin, n := range wq.FromSite {
+			st.fromSite[origin] += n
+		}
 		for _, g := range gr.Groups {
 			if !strings.HasPrefix(g.Filter, "$share/"+wq.Group+"/") {
 				continue

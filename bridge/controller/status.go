@@ -16,12 +16,19 @@ type Status struct {
 	Algorithm     string  `json:"algorithm"`
 	Lambda        float64 `json:"lambda"`
 	PeriodSeconds float64 `json:"period_s"`
-	Rounds        uint64  `json:"rounds"`
+	// RateHalfLifePeriods and MoveMargin are the damping settings
+	// (--rate-half-life, --move-margin; 0: off).
+	RateHalfLifePeriods float64 `json:"rate_half_life_periods"`
+	MoveMargin          float64 `json:"move_margin"`
+	// Held lists the moves the hysteresis refused in the last round.
+	Held   []HeldMove `json:"held_moves"`
+	Rounds uint64     `json:"rounds"`
 	// LastRound is null before the first round.
 	LastRound *RoundInfo `json:"last_round"`
 	// Plan maps every global exchange to its synchronisation site.
 	Plan map[string]string `json:"plan"`
-	// Exchanges details the plan with the inputs of the last round.
+	// Exchanges details the plan with the inputs of the last round (the
+	// smoothed rates placement saw, when --rate-half-life is on).
 	Exchanges []ExchangeStatus `json:"exchanges"`
 	// PlanCost is eq. 2.1 for the current plan and PlanOverload how far
 	// it exceeds the bandwidth limits (bytes/s), on the last round's
@@ -38,7 +45,8 @@ type Status struct {
 type ExchangeStatus struct {
 	Name     string `json:"name"`
 	SyncSite string `json:"sync_site"`
-	// Reason is why placement chose SyncSite in the last round.
+	// Reason is why placement chose SyncSite in the last round, or
+	// "held" when the move margin kept it there (see Status.Held).
 	Reason string `json:"reason"`
 	// TrafficPerS is P(E_i), the exchange's local publishes and
 	// deliveries per second over all sites (the busiest goes first).
@@ -70,9 +78,14 @@ type SiteStatus struct {
 	OutboundBandwidth float64 `json:"outbound_bandwidth_bytes_per_s"`
 	// EstimatedInbound and EstimatedOutbound are the overlay traffic the
 	// current plan is expected to put on the site (eq. 2.10–2.11), bytes/s.
-	EstimatedInbound  float64  `json:"estimated_inbound_bytes_per_s"`
-	EstimatedOutbound float64  `json:"estimated_outbound_bytes_per_s"`
-	WorkQueues        []string `json:"work_queues"`
+	EstimatedInbound  float64 `json:"estimated_inbound_bytes_per_s"`
+	EstimatedOutbound float64 `json:"estimated_outbound_bytes_per_s"`
+	// WorkQueueOverflow is the work-queue overflow the site received from
+	// and sent to other sites over the last period, estimated from the
+	// luffymq status APIs; placement gives pub/sub what it leaves of the
+	// bandwidth.
+	WorkQueueOverflow WorkQueueTraffic `json:"work_queue_overflow"`
+	WorkQueues        []string         `json:"work_queues"`
 	// Capacity is each work-queue group's capacity from the luffymq API.
 	Capacity []GroupCapacity `json:"capacity"`
 	// LuffyMQConnected is the site bridge's link to RabbitMQ, as luffymq
@@ -122,14 +135,17 @@ func (c *Controller) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := Status{
-		Algorithm:     c.cfg.Algorithm,
-		Lambda:        c.cfg.Lambda,
-		PeriodSeconds: c.cfg.Period.Seconds(),
-		Rounds:        c.rounds,
-		LastRound:     c.lastRound,
-		Plan:          map[string]string{},
-		Exchanges:     []ExchangeStatus{},
-		LastChange:    c.lastChange,
+		Algorithm:           c.cfg.Algorithm,
+		Lambda:              c.cfg.Lambda,
+		PeriodSeconds:       c.cfg.Period.Seconds(),
+		RateHalfLifePeriods: c.cfg.RateHalfLife,
+		MoveMargin:          c.cfg.MoveMargin,
+		Held:                append([]HeldMove{}, c.held...),
+		Rounds:              c.rounds,
+		LastRound:           c.lastRound,
+		Plan:                map[string]string{},
+		Exchanges:           []ExchangeStatus{},
+		LastChange:          c.lastChange,
 	}
 	for k, v := range c.plan {
 		s.Plan[k] = v
@@ -172,6 +188,7 @@ func (c *Controller) Status() Status {
 			ss.EstimatedInbound = c.evaluation.InboundLoad[st.site.Name]
 			ss.EstimatedOutbound = c.evaluation.OutboundLoad[st.site.Name]
 		}
+		ss.WorkQueueOverflow = c.wq[st.site.Name]
 		if st.published != nil {
 			ss.Config = map[string][]string{}
 			for k, uris := range st.published {

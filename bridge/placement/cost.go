@@ -19,7 +19,9 @@ type Evaluation struct {
 	Moves int
 	// Overload is by how much the plan exceeds eq. 2.5, in bytes per
 	// second: the sum over sites and directions of the estimated overlay
-	// throughput above the bandwidth. 0 means the plan is feasible.
+	// throughput above the bandwidth (less the sites' work-queue
+	// overflow, Site.WorkQueueInbound/Outbound). 0 means the plan is
+	// feasible.
 	Overload float64
 	// InboundLoad and OutboundLoad are each site's estimated overlay
 	// throughput under the plan (eq. 2.11 summed over all exchanges), in

@@ -6,11 +6,13 @@
 // # Inputs
 //
 // Input holds what algorithm 2.1 reads: the sites N with their inbound and
-// outbound overlay bandwidth B_o^in/out; the global exchanges E, each with
-// its mean message size D(E_i) and, per instance (site of N_i), the local
-// publish and consume counts P^in_ij, P^out_ij and the overlay counts
-// T^in_ij, T^out_ij (messages per second over the last period); the delay
-// matrix d; the previous plan S_{t-1}; λ. Plan maps exchange → sync site.
+// outbound overlay bandwidth B_o^in/out (of which the work-queue overflow
+// the site receives and sends takes its share first); the global exchanges
+// E, each with its mean message size D(E_i) and, per instance (site of
+// N_i), the local publish and consume counts P^in_ij, P^out_ij and the
+// overlay counts T^in_ij, T^out_ij (messages per second over the last
+// period); the delay matrix d; the previous plan S_{t-1}; λ. Plan maps
+// exchange → sync site.
 //
 // # Cost (eq. 2.1–2.5)
 //

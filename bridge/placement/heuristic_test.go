@@ -184,6 +184,51 @@ func TestBandwidthFallsBackToLeastLoadedSite(t *testing.T) {
 	}
 }
 
+// TestWorkQueueOverflowTakesBandwidth checks that the work-queue overflow
+// a site's links carry counts against its bandwidth: a is the best
+// synchronisation site for pubsub.x on latency and has room for its sync
+// traffic, until the overflow it receives leaves too little; then both
+// methods place x elsewhere, and Evaluate reports the overload of keeping
+// it at a. Overflow within the bandwidth changes nothing.
+func TestWorkQueueOverflowTakesBandwidth(t *testing.T) {
+	x := Exchange{Name: "pubsub.x", MeanMessageSize: 1000, Instances: []Instance{
+		// a is the previous sync site: 60 kB/s in, 60 kB/s out.
+		{Site: "a", LocalPublished: 80, LocalConsumed: 80, OverlayIn: 60, OverlayOut: 60},
+		{Site: "b", LocalPublished: 30, LocalConsumed: 30, OverlayIn: 40, OverlayOut: 30},
+		{Site: "c", LocalPublished: 30, LocalConsumed: 30, OverlayIn: 40, OverlayOut: 30},
+	}}
+	sites := func(overflowIntoA float64) []Site {
+		return []Site{
+			{Name: "a", InboundBandwidth: 100_000, OutboundBandwidth: 100_000, WorkQueueInbound: overflowIntoA},
+			{Name: "b", InboundBandwidth: 100_000, OutboundBandwidth: 100_000, WorkQueueOutbound: overflowIntoA / 2},
+			{Name: "c", InboundBandwidth: 100_000, OutboundBandwidth: 100_000, WorkQueueOutbound: overflowIntoA / 2},
+		}
+	}
+	for _, tt := range []struct {
+		overflow float64
+		want     string
+	}{{0, "a"}, {30_000, "a"}, {70_000, "b or c"}} {
+		in := Input{Sites: sites(tt.overflow), Exchanges: []Exchange{x}, Delays: triangle(), Previous: Plan{"pubsub.x": "a"}}
+		for name, place := range map[string]func(Input) (Result, error){"thesis": Heuristic, "improved": Improved} {
+			r, err := place(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := r.Plan["pubsub.x"]
+			if tt.want == "a" && got != "a" || tt.want != "a" && got == "a" {
+				t.Errorf("%s, %.0f B/s of overflow into a: sync site %s, want %s", name, tt.overflow, got, tt.want)
+			}
+		}
+		ev, err := Evaluate(in, Plan{"pubsub.x": "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := max(60_000+tt.overflow-100_000, 0); math.Abs(ev.Overload-want) > 1e-6 {
+			t.Errorf("%.0f B/s of overflow into a: overload of keeping x at a %v, want %v", tt.overflow, ev.Overload, want)
+		}
+	}
+}
+
 func mapsEqual(a, b Plan) bool {
 	if len(a) != len(b) {
 		return false
@@ -271,6 +316,8 @@ func TestInvalidInput(t *testing.T) {
 		"NaN size":           func(in *Input) { in.Exchanges[0].MeanMessageSize = math.NaN() },
 		"infinite bandwidth": func(in *Input) { in.Sites[0].InboundBandwidth = math.Inf(1) },
 		"negative lambda":    func(in *Input) { in.Lambda = -1 },
+		"NaN work queue":     func(in *Input) { in.Sites[1].WorkQueueInbound = math.NaN() },
+		"negative overflow":  func(in *Input) { in.Sites[2].WorkQueueOutbound = -1 },
 		"duplicate exchange": func(in *Input) { in.Exchanges = append(in.Exchanges, in.Exchanges[0]) },
 	} {
 		in := good()

@@ -20,6 +20,13 @@ type Site struct {
 	// OutboundBandwidth is B_o^out(n), the overlay bandwidth the site may
 	// send, in bytes per second. 0 means unlimited.
 	OutboundBandwidth float64
+	// WorkQueueInbound and WorkQueueOutbound are the work-queue overflow
+	// (§2.3) the site receives from and sends to other sites over the same
+	// overlay, in bytes per second. Pub/sub traffic gets what they leave of
+	// the bandwidth (none when they take it all): a site whose links carry
+	// much overflow is a worse synchronisation site. 0 when unknown.
+	WorkQueueInbound  float64
+	WorkQueueOutbound float64
 }
 
 // Instance is what one site's instance of a global exchange carried during
@@ -108,7 +115,7 @@ func invalid(format string, args ...any) error {
 // second.
 type model struct {
 	siteNames []string
-	bwIn      []float64 // +Inf when unlimited
+	bwIn      []float64 // +Inf when unlimited; less the work-queue overflow
 	bwOut     []float64
 	delayMs   [][]float64
 	exchanges []exchangeModel
@@ -161,10 +168,13 @@ func build(in Input) (*model, error) {
 		if !finiteNonNegative(s.InboundBandwidth) || !finiteNonNegative(s.OutboundBandwidth) {
 			return nil, invalid("site %q: bandwidth must be finite and non-negative", s.Name)
 		}
+		if !finiteNonNegative(s.WorkQueueInbound) || !finiteNonNegative(s.WorkQueueOutbound) {
+			return nil, invalid("site %q: work-queue traffic must be finite and non-negative", s.Name)
+		}
 		index[s.Name] = i
 		m.siteNames = append(m.siteNames, s.Name)
-		m.bwIn = append(m.bwIn, unlimitedIfZero(s.InboundBandwidth))
-		m.bwOut = append(m.bwOut, unlimitedIfZero(s.OutboundBandwidth))
+		m.bwIn = append(m.bwIn, max(unlimitedIfZero(s.InboundBandwidth)-s.WorkQueueInbound, 0))
+		m.bwOut = append(m.bwOut, max(unlimitedIfZero(s.OutboundBandwidth)-s.WorkQueueOutbound, 0))
 	}
 	m.delayMs = make([][]float64, len(in.Sites))
 	for a, sa := range in.Sites {

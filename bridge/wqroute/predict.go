@@ -22,36 +22,56 @@ const maxSimulatedMembers = 32
 // goes to the online member that frees first, which is then busy one
 // service time longer. The members' predicted waits were read elapsed
 // ago. It stops as soon as the wait exceeds limit (the answer is then
-// some wait above limit). ok is false when an online member has no
-// service estimate yet (the broker has not seen it finish anything), or
-// no member is online: nothing can be predicted.
+// some wait above limit).
+//
+// A member without a service estimate (it has finished nothing yet, or
+// its acknowledgements do not mark finished work) can still take one
+// message when it is idle: nothing in flight, no predicted wait, and not
+// known to acknowledge on receipt (an idle look proves nothing then).
+// What it does after that is unknown, so it takes no second one. ok is
+// false when the members cannot start the message in any way this can
+// predict: no member online, or every slot spent before the message's
+// turn.
 func PredictStart(members []scoring.MemberSnapshot, elapsed time.Duration, ahead int, limit time.Duration) (wait time.Duration, ok bool) {
 	var free, service [maxSimulatedMembers]time.Duration
-	n := 0
-	var rate float64 // messages per nanosecond, for the fluid model
+	n, timed := 0, 0
+	var rate float64 // messages per nanosecond of the timed members, for the fluid model
 	var sumStart float64
 	for _, m := range members {
 		if !m.Online {
 			continue
 		}
-		if m.ServiceEstimate <= 0 {
-			return 0, false
-		}
 		f := max(m.PredictedWait-elapsed, 0)
+		svc := m.ServiceEstimate
+		if svc <= 0 {
+			if !idleUntimed(m, f) {
+				continue
+			}
+			svc = untimed
+		} else {
+			timed++
+			rate += 1 / float64(svc)
+			sumStart += float64(f) / float64(svc)
+		}
 		if n < maxSimulatedMembers {
-			free[n], service[n] = f, m.ServiceEstimate
+			free[n], service[n] = f, svc
 		}
 		n++
-		rate += 1 / float64(m.ServiceEstimate)
-		sumStart += float64(f) / float64(m.ServiceEstimate)
 	}
 	if n == 0 {
 		return 0, false
 	}
 	if n > maxSimulatedMembers {
-		// The time by which the members, each from its free time, have
-		// started ahead messages between them; members free later than
-		// that take none, which this overestimates slightly.
+		// The untimed members take one message each, at once; then the
+		// time by which the timed members, each from its free time, have
+		// started the rest between them. Members free later than that
+		// take none, which this overestimates slightly.
+		if ahead -= n - timed; ahead < 0 {
+			return 0, true
+		}
+		if timed == 0 {
+			return 0, false
+		}
 		return max(time.Duration(math.Round((float64(ahead)+sumStart)/rate)), 0), true
 	}
 	next := func() int {
@@ -65,10 +85,28 @@ func PredictStart(members []scoring.MemberSnapshot, elapsed time.Duration, ahead
 	}
 	for ; ahead > 0; ahead-- {
 		i := next()
+		if free[i] >= untimed {
+			return 0, false
+		}
 		if free[i] > limit {
 			return free[i], true
 		}
 		free[i] += service[i]
 	}
-	return free[next()], true
+	if i := next(); free[i] < untimed {
+		return free[i], true
+	}
+	return 0, false
+}
+
+// untimed stands for the service time of a member without an estimate:
+// once it has taken its one message, it is never free again within any
+// prediction.
+const untimed = time.Duration(math.MaxInt64 / 4)
+
+// idleUntimed reports whether m, which has no service estimate, can take
+// one message: it is idle (free at once, nothing in flight) and its
+// acknowledgements are not known to come on receipt.
+func idleUntimed(m scoring.MemberSnapshot, free time.Duration) bool {
+	return free == 0 && m.InFlight == 0 && m.AcksAreFinishes
 }

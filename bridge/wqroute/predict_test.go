@@ -11,6 +11,12 @@ func member(wait, service time.Duration) scoring.MemberSnapshot {
 	return scoring.MemberSnapshot{Online: true, PredictedWait: wait, ServiceEstimate: service}
 }
 
+// newcomer is an online member that has finished nothing yet: no service
+// estimate, idle.
+func newcomer() scoring.MemberSnapshot {
+	return scoring.MemberSnapshot{Online: true, AcksAreFinishes: true}
+}
+
 func TestPredictStart(t *testing.T) {
 	ms := time.Millisecond
 	long := time.Hour
@@ -33,7 +39,11 @@ func TestPredictStart(t *testing.T) {
 		{"a wait read long ago is over", []scoring.MemberSnapshot{member(80*ms, 100*ms)}, time.Second, 1, long, 100 * ms, true},
 		{"offline members take nothing", []scoring.MemberSnapshot{{Online: false}, member(20*ms, 100*ms)}, 0, 0, long, 20 * ms, true},
 		{"stops once above the limit", []scoring.MemberSnapshot{member(0, 100*ms)}, 0, 1_000_000, 250 * ms, 300 * ms, true},
-		{"no service estimate: no prediction", []scoring.MemberSnapshot{member(0, 100*ms), {Online: true}}, 0, 0, long, 0, false},
+		{"an idle member without an estimate takes one", []scoring.MemberSnapshot{member(50*ms, 100*ms), newcomer()}, 0, 0, long, 0, true},
+		{"and only one", []scoring.MemberSnapshot{member(50*ms, 100*ms), newcomer()}, 0, 2, long, 150 * ms, true},
+		{"newcomers alone: one message each, then nothing to predict", []scoring.MemberSnapshot{newcomer(), newcomer()}, 0, 2, long, 0, false},
+		{"a busy member without an estimate takes none", []scoring.MemberSnapshot{{Online: true, InFlight: 1, AcksAreFinishes: true}}, 0, 0, long, 0, false},
+		{"nor one that acknowledges on receipt", []scoring.MemberSnapshot{{Online: true}}, 0, 0, long, 0, false},
 		{"no member online: no prediction", []scoring.MemberSnapshot{{Online: false, ServiceEstimate: ms}}, 0, 0, long, 0, false},
 	}
 	for _, tt := range tests {
@@ -56,5 +66,20 @@ func TestPredictStartFluid(t *testing.T) {
 	got, ok := PredictStart(members, 0, 640, time.Hour)
 	if !ok || got != time.Second {
 		t.Fatalf("PredictStart = %v, %v; want 1s, true", got, ok)
+	}
+}
+
+// In the fluid model, idle newcomers take one message each at once.
+func TestPredictStartFluidWithNewcomers(t *testing.T) {
+	members := make([]scoring.MemberSnapshot, 40)
+	for i := range members {
+		members[i] = member(0, 100*time.Millisecond)
+	}
+	members = append(members, newcomer(), newcomer())
+	if got, ok := PredictStart(members, 0, 1, time.Hour); !ok || got != 0 {
+		t.Fatalf("PredictStart behind one = %v, %v; want 0, true", got, ok)
+	}
+	if got, ok := PredictStart(members, 0, 402, time.Hour); !ok || got != time.Second {
+		t.Fatalf("PredictStart behind 402 = %v, %v; want 1s, true", got, ok)
 	}
 }

@@ -1,6 +1,7 @@
 package wqroute
 
 import (
+	"maps"
 	"sync"
 	"time"
 
@@ -27,6 +28,11 @@ type State struct {
 	// Taken counts, by origin site, the other sites' messages the broker
 	// has taken from its intake since it started.
 	Taken map[string]uint64 `json:"taken"`
+	// Unbooked counts, by the broker of the same site that booked them
+	// and by the site they were booked to, the messages the publishing
+	// broker has taken back from the link queues towards silent sites
+	// since it started: that broker's router unbooks them (Observe).
+	Unbooked map[string]map[string]uint64 `json:"unbooked,omitempty"`
 }
 
 // MemberState is one online member in a State.
@@ -36,8 +42,20 @@ type MemberState struct {
 	Wait time.Duration `json:"wait"`
 	// Service is its learned service time per message; 0 when the broker
 	// has none (a member that acknowledges on receipt or has not finished
-	// anything yet), which makes the site's state unpredictable.
+	// anything yet). Such a member is counted for one message while it
+	// is idle (PredictStart), never for more.
 	Service time.Duration `json:"service"`
+	// InFlight counts the messages sent to it and not yet acknowledged.
+	InFlight int `json:"inflight,omitempty"`
+	// AcksOnReceipt is true once the broker found that its
+	// acknowledgements do not mark finished work: its idle look then
+	// says nothing of whether it is free.
+	AcksOnReceipt bool `json:"acks_on_receipt,omitempty"`
+}
+
+// snapshot is m as PredictStart reads it.
+func (m MemberState) snapshot() scoring.MemberSnapshot {
+	return scoring.MemberSnapshot{Online: true, PredictedWait: m.Wait, ServiceEstimate: m.Service, InFlight: m.InFlight, AcksAreFinishes: !m.AcksOnReceipt}
 }
 
 // StateOf builds the State of members (online ones are kept).
@@ -45,7 +63,7 @@ func StateOf(site, broker, boot string, sent time.Time, intake int, members []sc
 	st := State{Site: site, Broker: broker, Boot: boot, Sent: sent.UnixNano(), Intake: intake, Taken: taken}
 	for _, m := range members {
 		if m.Online {
-			st.Members = append(st.Members, MemberState{Wait: m.PredictedWait, Service: m.ServiceEstimate})
+			st.Members = append(st.Members, MemberState{Wait: m.PredictedWait, Service: m.ServiceEstimate, InFlight: m.InFlight, AcksOnReceipt: !m.AcksAreFinishes})
 		}
 	}
 	return st
@@ -56,8 +74,12 @@ type Config struct {
 	// Site is the site the Router routes from: the key of the other
 	// sites' Taken counts that are its own.
 	Site string
-	// StaleAfter is how long a site's state counts after it arrived
-	// (2.5 s); an older one is ignored.
+	// Broker names the broker the Router serves. The states of the other
+	// brokers of Site (its siblings) are kept apart: their members are
+	// local ones (AppendSiblings), not another site's.
+	Broker string
+	// StaleAfter is how long a state counts after it arrived (2.5 s); an
+	// older one is ignored.
 	StaleAfter time.Duration
 }
 
@@ -68,43 +90,102 @@ const maxPrediction = time.Minute
 // states the one-way delay estimate takes the minimum of.
 const delaySamples = 16
 
-// site is what a Router knows of one other site.
+// brokerState is the last state of one broker.
+type brokerState struct {
+	name, boot string
+	members    []scoring.MemberSnapshot
+	sentAt     time.Time // the state's send time, in the publisher's clock
+	arrived    time.Time // when it arrived, in ours
+	// taken is its count of the Router's site's messages it took from
+	// its intake since its boot; since, that count when the Router first
+	// heard of it (what it took before is not the Router's).
+	taken, since uint64
+	heard        bool
+	// unbooked is, for a sibling, its last State.Unbooked of the Router's
+	// broker, by site.
+	unbooked map[string]uint64
+}
+
+// site is what a Router knows of one other site: the last state of each
+// of its brokers.
 type site struct {
 	name    string
-	members []scoring.MemberSnapshot
-	intake  int
-	sentAt  time.Time // the state's send time, in the publisher's clock
-	arrived time.Time // when it arrived, in ours
+	brokers []*brokerState
+	// merged holds the members of its brokers whose states were fresh at
+	// the last merge, their waits as of arrived (the newest state's
+	// arrival); mergedUntil is when the first of those states goes stale.
+	merged      []scoring.MemberSnapshot
+	arrived     time.Time
+	mergedUntil time.Time
+	// intake is the other sites' messages ready in the site's intake
+	// queue, by its newest state.
+	intake int
 	// samples are the last (arrived − sent) of its states; delay is
 	// their minimum: the one-way delay, assuming synchronised clocks (NTP;
 	// a skew adds to or takes from it).
 	samples [delaySamples]time.Duration
 	nSample int
 	delay   time.Duration
-	// sent counts the messages routed to the site; taken, from its
-	// last state, those of them it took from its intake. The difference
-	// is what is on its way or waiting there: in the federation link (a
-	// link that stalls or is cut keeps them, and the site's state cannot
-	// show them) or in its intake. base rebases sent when the site's
-	// broker restarts and counts from zero again.
-	sent, base, taken uint64
-	boot              string
+	// sent counts the messages routed to the site. What its brokers took
+	// of them (their taken − since, plus retired: what brokers took
+	// before they restarted) is subtracted: the rest is on its way or
+	// waiting there, in the federation link (a link that stalls or is cut
+	// keeps them, and the site's states cannot show them) or in its
+	// intake.
+	sent, retired uint64
 }
 
-// outstanding is how many of the messages routed to s it has not taken.
+// outstanding is how many of the messages routed to s its brokers have
+// not taken.
 func (s *site) outstanding() int {
-	if s.sent < s.base+s.taken {
+	taken := s.retired
+	for _, b := range s.brokers {
+		taken += b.taken - b.since
+	}
+	if s.sent < taken {
 		return 0
 	}
-	return int(s.sent - s.base - s.taken)
+	return int(s.sent - taken)
+}
+
+// brokerNamed returns the state of broker name in brokers, added if new.
+func brokerNamed(brokers *[]*brokerState, name string) *brokerState {
+	for _, b := range *brokers {
+		if b.name == name {
+			return b
+		}
+	}
+	b := &brokerState{name: name}
+	*brokers = append(*brokers, b)
+	return b
+}
+
+// merge rebuilds s.merged from the states fresh at now.
+func (s *site) merge(now time.Time, staleAfter time.Duration) {
+	s.merged = s.merged[:0]
+	s.mergedUntil = now.Add(staleAfter)
+	for _, b := range s.brokers {
+		if now.Sub(b.arrived) > staleAfter {
+			continue
+		}
+		if until := b.arrived.Add(staleAfter); until.Before(s.mergedUntil) {
+			s.mergedUntil = until
+		}
+		shift := s.arrived.Sub(b.arrived) // how much older than the newest
+		for _, m := range b.members {
+			m.PredictedWait = max(m.PredictedWait-shift, 0)
+			s.merged = append(s.merged, m)
+		}
+	}
 }
 
 // Router holds the other sites' states for one work group and chooses
 // where each message goes. It is safe for concurrent use.
 type Router struct {
-	cfg   Config
-	mu    sync.Mutex
-	sites []*site
+	cfg      Config
+	mu       sync.Mutex
+	sites    []*site
+	siblings []*brokerState
 }
 
 // NewRouter returns a Router with no site known.
@@ -115,41 +196,107 @@ func NewRouter(cfg Config) *Router {
 	return &Router{cfg: cfg}
 }
 
-// Observe records st, which arrived at arrived. The brokers of one site
-// are not told apart: each state replaces the site's last, so a site of
-// several brokers counts as its latest publisher's members, and their
-// alternating boot IDs reset the count of what was sent there. Routing by
-// state assumes one broker per site.
+// Observe records st, which arrived at arrived. A site of several
+// brokers is predicted with all their members whose states are fresh.
+// A state of the Router's own broker is ignored; one of its siblings
+// (another broker of its site) is kept for AppendSiblings.
 func (r *Router) Observe(st State, arrived time.Time) {
 	members := make([]scoring.MemberSnapshot, len(st.Members))
 	for i, m := range st.Members {
-		members[i] = scoring.MemberSnapshot{Online: true, PredictedWait: m.Wait, ServiceEstimate: m.Service}
+		members[i] = m.snapshot()
 	}
 	sent := time.Unix(0, st.Sent)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if st.Site == r.cfg.Site {
+		if st.Broker == r.cfg.Broker {
+			return
+		}
+		b := brokerNamed(&r.siblings, st.Broker)
+		if sent.Before(b.sentAt) {
+			return
+		}
+		r.unbookTakenBack(b, st)
+		b.members, b.sentAt, b.arrived = members, sent, arrived
+		return
+	}
 	s := r.find(st.Site)
 	if s == nil {
 		s = &site{name: st.Site}
 		r.sites = append(r.sites, s)
 	}
-	if sent.Before(s.sentAt) {
+	b := brokerNamed(&s.brokers, st.Broker)
+	if sent.Before(b.sentAt) {
 		return // overtaken by a newer state
 	}
 	taken := st.Taken[r.cfg.Site]
-	if st.Boot != s.boot {
-		// A restarted broker counts from zero: what it had not taken is
-		// requeued to the intake, which the state counts.
-		s.boot, s.base = st.Boot, s.sent-taken
+	switch {
+	case !b.heard:
+		b.since, b.heard = taken, true
+	case st.Boot != b.boot:
+		// A restarted broker counts from zero: what it had not finished
+		// is requeued to the intake, which the states count.
+		s.retired += b.taken - b.since
+		b.since = 0
 	}
-	s.taken = taken
-	s.members, s.intake, s.sentAt, s.arrived = members, st.Intake, sent, arrived
+	b.boot, b.taken = st.Boot, taken
+	b.members, b.sentAt, b.arrived = members, sent, arrived
+	if !arrived.Before(s.arrived) {
+		s.arrived, s.intake = arrived, st.Intake
+	}
 	s.samples[s.nSample%delaySamples] = max(arrived.Sub(sent), 0)
 	s.nSample++
 	s.delay = s.samples[0]
 	for i := 1; i < min(s.nSample, delaySamples); i++ {
 		s.delay = min(s.delay, s.samples[i])
 	}
+	s.merge(s.arrived, r.cfg.StaleAfter)
+}
+
+// unbookTakenBack unbooks what sibling b took back, by st, of the
+// messages the Router's broker had booked: what its counts grew by since
+// its last state. The counts of a sibling first heard of are only
+// recorded (what they count may have been unbooked before this Router
+// started); a restarted sibling counts from zero.
+func (r *Router) unbookTakenBack(b *brokerState, st State) {
+	mine := st.Unbooked[r.cfg.Broker]
+	switch {
+	case !b.heard:
+		b.heard = true
+	case st.Boot != b.boot:
+		b.unbooked = nil
+		fallthrough
+	default:
+		for name, n := range mine {
+			if prev := b.unbooked[name]; n > prev {
+				if s := r.find(name); s != nil {
+					s.sent -= min(s.sent, n-prev)
+				}
+			}
+		}
+	}
+	b.boot = st.Boot
+	b.unbooked = maps.Clone(mine)
+}
+
+// AppendSiblings appends to dst the online members of the other brokers
+// of the Router's own site whose states are fresh at now, their waits as
+// of now: a message queued at the site is started by whichever broker's
+// member frees first. It allocates only when dst has no room.
+func (r *Router) AppendSiblings(now time.Time, dst []scoring.MemberSnapshot) []scoring.MemberSnapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, b := range r.siblings {
+		age := now.Sub(b.arrived)
+		if age > r.cfg.StaleAfter {
+			continue
+		}
+		for _, m := range b.members {
+			m.PredictedWait = max(m.PredictedWait-age, 0)
+			dst = append(dst, m)
+		}
+	}
+	return dst
 }
 
 func (r *Router) find(name string) *site {
@@ -159,6 +306,18 @@ func (r *Router) find(name string) *site {
 		}
 	}
 	return nil
+}
+
+// fresh reports whether s has a state fresh at now, and drops from its
+// merged members those whose states have gone stale since.
+func (r *Router) fresh(s *site, now time.Time) bool {
+	if now.Sub(s.arrived) > r.cfg.StaleAfter {
+		return false
+	}
+	if now.After(s.mergedUntil) {
+		s.merge(now, r.cfg.StaleAfter)
+	}
+	return true
 }
 
 // Choice is a Router's answer for one message.
@@ -190,7 +349,7 @@ func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
 	var best *site
 	var bestStart time.Duration
 	for _, s := range r.sites {
-		if now.Sub(s.arrived) > r.cfg.StaleAfter {
+		if !r.fresh(s, now) {
 			continue
 		}
 		limit := local
@@ -246,14 +405,15 @@ func (r *Router) Views(now time.Time, dst []SiteView) []SiteView {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range r.sites {
-		v := SiteView{Site: s.name, Age: now.Sub(s.arrived), Delay: s.delay, Intake: s.intake, Outstanding: s.outstanding(), Members: len(s.members)}
-		for _, m := range s.members {
+		v := SiteView{Site: s.name, Age: now.Sub(s.arrived), Delay: s.delay, Intake: s.intake, Outstanding: s.outstanding()}
+		if r.fresh(s, now) {
+			v.Start, v.OK = s.start(now, maxPrediction)
+		}
+		v.Members = len(s.merged)
+		for _, m := range s.merged {
 			if m.PredictedWait == 0 {
 				v.Idle++
 			}
-		}
-		if v.Age <= r.cfg.StaleAfter {
-			v.Start, v.OK = s.start(now, maxPrediction)
 		}
 		dst = append(dst, v)
 	}
@@ -270,6 +430,31 @@ func (r *Router) Unbook(site string) {
 	}
 }
 
+// StaleSites appends to dst the other sites whose newest state arrived
+// more than after before now: sites heard of once whose brokers all went
+// silent (a site down, its node gone, or the links to it cut).
+func (r *Router) StaleSites(now time.Time, after time.Duration, dst []string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.sites {
+		if now.Sub(s.arrived) > after {
+			dst = append(dst, s.name)
+		}
+	}
+	return dst
+}
+
+// Outstanding is how many of the messages Route sent to site (less those
+// taken back by Unbook) its brokers have not taken.
+func (r *Router) Outstanding(site string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.find(site); s != nil {
+		return s.outstanding()
+	}
+	return 0
+}
+
 // FreshSites counts the sites whose state is fresh at now and
 // predictable: the candidates of Route.
 func (r *Router) FreshSites(now time.Time) int {
@@ -277,10 +462,10 @@ func (r *Router) FreshSites(now time.Time) int {
 	defer r.mu.Unlock()
 	n := 0
 	for _, s := range r.sites {
-		if now.Sub(s.arrived) > r.cfg.StaleAfter {
+		if !r.fresh(s, now) {
 			continue
 		}
-		if _, ok := PredictStart(s.members, 0, 0, 0); ok {
+		if _, ok := PredictStart(s.merged, 0, 0, 0); ok {
 			n++
 		}
 	}
@@ -295,7 +480,7 @@ func (s *site) start(now time.Time, limit time.Duration) (time.Duration, bool) {
 	// The state describes the site at (arrived − delay) in our clock; the
 	// message gets there at now + delay.
 	elapsed := now.Add(s.delay).Sub(s.arrived.Add(-s.delay))
-	wait, ok := PredictStart(s.members, elapsed, max(s.intake, s.outstanding()), max(limit-s.delay, 0))
+	wait, ok := PredictStart(s.merged, elapsed, max(s.intake, s.outstanding()), max(limit-s.delay, 0))
 	if !ok {
 		return 0, false
 	}

@@ -80,17 +80,36 @@ func TestRouteCountsWhatItSentUntilTaken(t *testing.T) {
 	if n := r.find("near").outstanding(); n != 0 {
 		t.Fatalf("outstanding after the site took it = %d, want 0", n)
 	}
-	// A restarted broker counts from zero again.
+	// A restarted broker counts from zero again: what it took before
+	// stays taken, and a message it had not taken still counts.
 	r.Route(now.Add(100*ms), time.Second, time.Hour)
 	st = stateAt("near", now.Add(120*ms), 0, 0)
 	st.Boot = "again"
 	r.Observe(st, now.Add(140*ms))
-	if n := r.find("near").outstanding(); n != 0 {
-		t.Fatalf("outstanding after a restart = %d, want 0", n)
-	}
-	r.Route(now.Add(140*ms), time.Second, time.Hour)
 	if n := r.find("near").outstanding(); n != 1 {
-		t.Fatalf("outstanding after a restart and one more message = %d, want 1", n)
+		t.Fatalf("outstanding after a restart = %d, want 1", n)
+	}
+	st = stateAt("near", now.Add(160*ms), 0, 0)
+	st.Boot, st.Taken = "again", map[string]uint64{"here": 1}
+	r.Observe(st, now.Add(180*ms))
+	if n := r.find("near").outstanding(); n != 0 {
+		t.Fatalf("outstanding once the restarted broker took it = %d, want 0", n)
+	}
+}
+
+// A router that starts while a site's broker has already taken messages
+// of its site (from an earlier run of the router) counts only what it
+// sends itself.
+func TestRouteIgnoresWhatWasTakenBeforeItStarted(t *testing.T) {
+	r := NewRouter(Config{Site: "here"})
+	st := stateAt("near", t0, 0, 0)
+	st.Taken = map[string]uint64{"here": 500}
+	r.Observe(st, t0.Add(20*ms))
+	if c := r.Route(t0.Add(20*ms), time.Second, time.Hour); c.Site != "near" {
+		t.Fatalf("Route = %+v, want near", c)
+	}
+	if n := r.find("near").outstanding(); n != 1 {
+		t.Fatalf("outstanding = %d, want 1", n)
 	}
 }
 
@@ -128,16 +147,94 @@ func TestRouteStaleAndUnpredictableAreIgnored(t *testing.T) {
 	if c := r.Route(t0.Add(1100*ms), time.Second, time.Hour); c.Site != "" || c.Fresh {
 		t.Fatalf("Route with a stale state = %+v, want no fresh state", c)
 	}
-	// A site with a member whose service time is unknown (it acknowledges
-	// on receipt) cannot be predicted.
-	st := stateAt("receipt", t0.Add(time.Second), 0, 0)
-	st.Members = append(st.Members, MemberState{})
-	r.Observe(st, t0.Add(1100*ms))
+	// Members without a service time that acknowledge on receipt, or
+	// are busy with a message of unknown length, cannot be predicted.
+	r.Observe(State{Site: "receipt", Sent: t0.Add(time.Second).UnixNano(), Members: []MemberState{{AcksOnReceipt: true}}}, t0.Add(1100*ms))
+	r.Observe(State{Site: "busy", Sent: t0.Add(time.Second).UnixNano(), Members: []MemberState{{InFlight: 1}}}, t0.Add(1100*ms))
 	if c := r.Route(t0.Add(1100*ms), time.Second, time.Hour); c.Site != "" || c.Fresh {
-		t.Fatalf("Route with an unpredictable site = %+v, want no fresh state", c)
+		t.Fatalf("Route with unpredictable sites = %+v, want no fresh state", c)
 	}
 	if n := r.FreshSites(t0.Add(1100 * ms)); n != 0 {
 		t.Fatalf("FreshSites = %d, want 0", n)
+	}
+}
+
+// An idle member that has finished nothing yet (a site that was quiet)
+// takes one message: the site is a candidate for as many messages as it
+// has such members idle, until a state shows them taken.
+func TestRouteIdleNewcomersTakeOneEach(t *testing.T) {
+	r := NewRouter(Config{Site: "here"})
+	r.Observe(State{Site: "quiet", Broker: "q1", Sent: t0.UnixNano(), Members: []MemberState{{}, {}}}, t0.Add(30*ms))
+	now := t0.Add(30 * ms)
+	for i := range 2 {
+		if c := r.Route(now, time.Second, time.Hour); c.Site != "quiet" || c.Start != 30*ms {
+			t.Fatalf("Route %d = %+v, want quiet at 30ms", i, c)
+		}
+	}
+	if c := r.Route(now, time.Second, time.Hour); c.Site != "" || c.Fresh {
+		t.Fatalf("third Route = %+v, want no prediction (both newcomers booked)", c)
+	}
+	// Its next state: one took a message and is busy, the other idle.
+	r.Observe(State{Site: "quiet", Broker: "q1", Sent: t0.Add(100 * ms).UnixNano(), Intake: 1, Members: []MemberState{{InFlight: 1}, {}},
+		Taken: map[string]uint64{"here": 1}}, t0.Add(130*ms))
+	if c := r.Route(t0.Add(130*ms), time.Second, time.Hour); c.Site != "" || c.Fresh {
+		t.Fatalf("Route behind the intake = %+v, want no prediction (the idle newcomer takes the one ahead)", c)
+	}
+}
+
+// Several brokers at one site: the site is predicted with the members of
+// all of them whose states are fresh, and what they took is summed.
+func TestRouteSumsTheBrokersOfASite(t *testing.T) {
+	r := NewRouter(Config{Site: "here", StaleAfter: time.Second})
+	busy := State{Site: "two", Broker: "b1", Sent: t0.UnixNano(), Members: []MemberState{{Wait: 500 * ms, Service: 100 * ms}}}
+	idle := State{Site: "two", Broker: "b2", Sent: t0.Add(50 * ms).UnixNano(), Members: []MemberState{{Service: 100 * ms}}}
+	r.Observe(busy, t0.Add(20*ms))
+	r.Observe(idle, t0.Add(70*ms))
+	now := t0.Add(70 * ms)
+	// b2's idle member starts the first at 20 ms (the delay), the second
+	// at 120 ms; b1's, free at 500 − 50 ms, only later.
+	if c := r.Route(now, time.Second, time.Hour); c.Site != "two" || c.Start != 20*ms {
+		t.Fatalf("first Route = %+v, want two at 20ms", c)
+	}
+	if c := r.Route(now, time.Second, time.Hour); c.Site != "two" || c.Start != 120*ms {
+		t.Fatalf("second Route = %+v, want two at 120ms", c)
+	}
+	// Each broker counts what it took; the site's outstanding is what
+	// neither took.
+	busy.Sent, busy.Taken = t0.Add(100*ms).UnixNano(), map[string]uint64{"here": 1}
+	r.Observe(busy, t0.Add(120*ms))
+	if n := r.find("two").outstanding(); n != 1 {
+		t.Fatalf("outstanding = %d, want 1", n)
+	}
+	idle.Sent, idle.Taken = t0.Add(110*ms).UnixNano(), map[string]uint64{"here": 1}
+	r.Observe(idle, t0.Add(130*ms))
+	if n := r.find("two").outstanding(); n != 0 {
+		t.Fatalf("outstanding = %d, want 0", n)
+	}
+	// Once b2 falls silent its member no longer counts: b1's busy one
+	// alone is left (free 500 ms after its state at 100 ms).
+	later := t0.Add(1125 * ms) // b2's state (130 ms) is stale, b1's (120 ms) is not
+	vs := r.Views(later, nil)
+	if len(vs) != 1 || vs[0].Members != 1 {
+		t.Fatalf("Views after b2 went silent = %+v, want one member", vs)
+	}
+}
+
+// The states of the router's own site's other brokers are local members,
+// not another site.
+func TestRouteKeepsSiblingsApart(t *testing.T) {
+	r := NewRouter(Config{Site: "here", Broker: "h1", StaleAfter: time.Second})
+	r.Observe(State{Site: "here", Broker: "h1", Sent: t0.UnixNano(), Members: []MemberState{{Service: ms}}}, t0)
+	r.Observe(State{Site: "here", Broker: "h2", Sent: t0.UnixNano(), Members: []MemberState{{Wait: 300 * ms, Service: 100 * ms}}}, t0.Add(ms))
+	if n := r.FreshSites(t0.Add(ms)); n != 0 {
+		t.Fatalf("FreshSites = %d, want 0: siblings are not another site", n)
+	}
+	got := r.AppendSiblings(t0.Add(101*ms), nil)
+	if len(got) != 1 || got[0].PredictedWait != 200*ms || got[0].ServiceEstimate != 100*ms {
+		t.Fatalf("AppendSiblings = %+v, want h2's member, 200ms to wait", got)
+	}
+	if got := r.AppendSiblings(t0.Add(1002*ms), nil); len(got) != 0 {
+		t.Fatalf("AppendSiblings after its state went stale = %+v, want none", got)
 	}
 }
 
@@ -202,4 +299,83 @@ func TestViewsShowRouterInputs(t *testing.T) {
 	if old.OK || old.Age != 2*time.Second+10*ms {
 		t.Fatalf("stale site = %+v, want not a candidate, 2.01s old", old)
 	}
+}
+
+func TestStaleSitesAndUnbookOfReclaimed(t *testing.T) {
+	r := NewRouter(Config{Site: "tunis", Broker: "tunis-1", StaleAfter: 1500 * ms})
+	r.Observe(stateAt("berlin", t0, 0, 0, 0, 0), t0.Add(20*ms))
+	r.Observe(stateAt("montreal", t0, 0, 0), t0.Add(60*ms))
+	for range 3 {
+		if c := r.Route(t0.Add(100*ms), time.Second, time.Hour); c.Site != "berlin" {
+			t.Fatalf("Route = %+v, want berlin", c)
+		}
+	}
+	if n := r.Outstanding("berlin"); n != 3 {
+		t.Fatalf("Outstanding(berlin) = %d, want 3", n)
+	}
+	// Montréal keeps sending states; Berlin falls silent.
+	r.Observe(stateAt("montreal", t0.Add(3*time.Second), 0, 0), t0.Add(3*time.Second+60*ms))
+	now := t0.Add(3100 * ms)
+	if got := r.StaleSites(now, 3*time.Second, nil); len(got) != 1 || got[0] != "berlin" {
+		t.Fatalf("StaleSites(3s) = %v, want [berlin]", got)
+	}
+	if got := r.StaleSites(now, 4*time.Second, nil); len(got) != 0 {
+		t.Fatalf("StaleSites(4s) = %v, want none", got)
+	}
+	// Two of the three are taken back from the link queue towards Berlin:
+	// the third is in Berlin's intake and stays booked until Berlin
+	// counts it taken.
+	r.Unbook("berlin")
+	r.Unbook("berlin")
+	if n := r.Outstanding("berlin"); n != 1 {
+		t.Fatalf("Outstanding(berlin) after two Unbooks = %d, want 1", n)
+	}
+	st := stateAt("berlin", t0.Add(10*time.Second), 0, 0)
+	st.Taken = map[string]uint64{"tunis": 1}
+	r.Observe(st, t0.Add(10*time.Second+20*ms))
+	if n := r.Outstanding("berlin"); n != 0 {
+		t.Fatalf("Outstanding(berlin) once Berlin took the last one = %d, want 0", n)
+	}
+	if got := r.StaleSites(t0.Add(10*time.Second+100*ms), 3*time.Second, nil); len(got) != 1 || got[0] != "montreal" {
+		t.Fatalf("StaleSites = %v, want [montreal]", got)
+	}
+	if n := r.Outstanding("nowhere"); n != 0 {
+		t.Fatalf("Outstanding of an unknown site = %d", n)
+	}
+}
+
+func TestSiblingUnbooksWhatItTookBack(t *testing.T) {
+	r := NewRouter(Config{Site: "tunis", Broker: "tunis-1", StaleAfter: 1500 * ms})
+	sibling := func(at time.Time, boot string, unbooked map[string]uint64) {
+		st := stateAt("tunis", at, 0, 0)
+		st.Broker, st.Boot = "tunis-2", boot
+		st.Unbooked = map[string]map[string]uint64{"tunis-1": unbooked, "tunis-3": {"berlin": 50}}
+		r.Observe(st, at.Add(ms))
+	}
+	// First heard of with counts from before: recorded, not applied.
+	sibling(t0, "a", map[string]uint64{"berlin": 7})
+	r.Observe(stateAt("berlin", t0, 0, 0, 0, 0, 0, 0), t0.Add(20*ms))
+	for range 4 {
+		if c := r.Route(t0.Add(100*ms), time.Second, time.Hour); c.Site != "berlin" {
+			t.Fatalf("Route = %+v, want berlin", c)
+		}
+	}
+	sibling(t0.Add(200*ms), "a", map[string]uint64{"berlin": 7})
+	if n := r.Outstanding("berlin"); n != 4 {
+		t.Fatalf("Outstanding(berlin) = %d, want 4", n)
+	}
+	// The sibling took back three of this broker's (and many of another
+	// broker's, not this one's to unbook).
+	sibling(t0.Add(300*ms), "a", map[string]uint64{"berlin": 10})
+	if n := r.Outstanding("berlin"); n != 1 {
+		t.Fatalf("Outstanding(berlin) = %d, want 1", n)
+	}
+	// An older state changes nothing; a restarted sibling counts from 0.
+	sibling(t0.Add(250*ms), "a", map[string]uint64{"berlin": 12})
+	sibling(t0.Add(400*ms), "b", map[string]uint64{"berlin": 5})
+	if n := r.Outstanding("berlin"); n != 0 {
+		t.Fatalf("Outstanding(berlin) = %d, want 0 (never below)", n)
+	}
+	// Unbooks at a site never heard of are ignored.
+	sibling(t0.Add(500*ms), "b", map[string]uint64{"berlin": 5, "nowhere": 3})
 }

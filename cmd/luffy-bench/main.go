@@ -8,6 +8,7 @@
 //	luffy-bench connections --connections 10000 --repeat 3 --out bench/results
 //	luffy-bench soak --duration 30m --out bench/results/soak
 //	luffy-bench sites --out bench/results/sites
+//	luffy-bench sites-matrix --repeat 3 --out bench/results/sites-matrix
 //	luffy-bench mochi-server --listen 127.0.0.1:1883
 //
 // Every broker runs as a process of its own; vanilla Mochi runs as this
@@ -21,7 +22,8 @@
 // rate and the delivery of one command to each.
 // `sites` runs scenario set C across sites on real RabbitMQ nodes joined
 // by delayed links: luffymq against RabbitMQ federation full mesh, star,
-// random placement and a central cloud broker.
+// random placement and a central cloud broker. `sites-matrix` runs its
+// work-queue scenarios over time scales and topologies, repeated.
 package main
 
 import (
@@ -43,6 +45,12 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == reliability.Command {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		code := reliability.Main(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+	if len(os.Args) > 1 && os.Args[1] == sites.MatrixCommand {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := sites.MatrixMain(ctx, os.Args[2:], os.Stdout, os.Stderr)
 		stop()
 		os.Exit(code)
 	}

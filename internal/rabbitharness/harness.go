@@ -20,6 +20,10 @@
 // environment variable. Processes left behind by a test binary that died
 // before cleaning up are reaped by the next Start.
 //
+// KillNode crashes one node (SIGKILL of its Erlang VM), StopNode stops it
+// cleanly, and RestartNode starts it again, on the same name, ports and
+// data directory: durable queues and persistent messages survive.
+//
 // Link(from, to) returns a connection to node `to` as seen from site `from`:
 // an AMQP URI through a toxiproxy latency proxy with the one-way delay of
 // CityDelay (scenarios.md §C), which can be cut and restored.
@@ -117,8 +121,11 @@ type Node struct {
 
 	amqpPort, mgmtPort, distPort int
 	dir                          string
-	cmd                          *exec.Cmd
-	exited                       chan struct{}
+	marker                       string // markerEnv's value in its processes
+
+	mu     sync.Mutex // guards cmd and exited across KillNode and RestartNode
+	cmd    *exec.Cmd
+	exited chan struct{}
 }
 
 // Available reports whether rabbitmq-server is installed.
@@ -210,7 +217,7 @@ func Start(ctx context.Context, cfg Config) (*Harness, error) {
 		return nil, err
 	}
 	for _, site := range cfg.Sites {
-		n := &Node{Site: site, Name: "site-" + site + "-" + randomHex(3) + "@localhost"}
+		n := &Node{Site: site, Name: "site-" + site + "-" + randomHex(3) + "@localhost", marker: h.marker + "-" + site}
 		for _, p := range []*int{&n.amqpPort, &n.mgmtPort, &n.distPort} {
 			if *p, err = freePort(); err != nil {
 				h.cleanupDir()
@@ -302,22 +309,24 @@ collect_statistics_interval = 1000
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=+S 1:1 +sbwt none +sbwtdcpu none +sbwtdio none -kernel inet_dist_use_interface {127,0,0,1}",
 		"ERL_EPMD_PORT="+strconv.Itoa(h.epmdPort),
 		"ERL_EPMD_ADDRESS=127.0.0.1",
-		markerEnv+"="+h.marker,
+		markerEnv+"="+n.marker,
 	)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("node %s: running %s: %w", n.Name, ServerPath, err)
 	}
-	n.cmd = cmd
-	n.exited = make(chan struct{})
+	exited := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
-		close(n.exited)
+		close(exited)
 	}()
-	return n.waitReady(ctx)
+	n.mu.Lock()
+	n.cmd, n.exited = cmd, exited
+	n.mu.Unlock()
+	return n.waitReady(ctx, exited)
 }
 
 // waitReady polls the management API and the AMQP port until both answer.
-func (n *Node) waitReady(ctx context.Context) error {
+func (n *Node) waitReady(ctx context.Context, exited <-chan struct{}) error {
 	client := &http.Client{Timeout: 2 * time.Second}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
@@ -326,7 +335,7 @@ func (n *Node) waitReady(ctx context.Context) error {
 			return nil
 		}
 		select {
-		case <-n.exited:
+		case <-exited:
 			return fmt.Errorf("node %s exited during start; log tail:\n%s", n.Name, n.LogTail(3000))
 		case <-ctx.Done():
 			return fmt.Errorf("node %s not answering on management port %d: %w; log tail:\n%s", n.Name, n.mgmtPort, ctx.Err(), n.LogTail(3000))
@@ -401,19 +410,20 @@ func (h *Harness) Close() error {
 		l.Cut()
 	}
 	for _, n := range h.nodes {
-		if n.cmd != nil && n.cmd.Process != nil {
-			_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+		cmd, _ := n.process()
+		if cmd != nil && cmd.Process != nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		}
 	}
 	for _, n := range h.nodes {
-		if n.exited != nil {
+		if _, exited := n.process(); exited != nil {
 			select {
-			case <-n.exited:
+			case <-exited:
 			case <-time.After(10 * time.Second):
 			}
 		}
 	}
-	err := killMarked(func(v string) bool { return v == h.marker })
+	err := killMarked(func(v string) bool { return v == h.marker || strings.HasPrefix(v, h.marker+"-") })
 	h.cleanupDir()
 	return err
 }
@@ -441,9 +451,15 @@ func filteredEnv() []string {
 // match, and waits (up to 5 s) until none is left alive. (Killed
 // descendants that detached from the node are reaped by init.)
 func killMarked(match func(marker string) bool) error {
+	return killAll(func() []int { return markedPIDs(match) })
+}
+
+// killAll kills, by pid, every process that list returns, until it
+// returns none (up to 5 s).
+func killAll(list func() []int) error {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		pids := markedPIDs(match)
+		pids := list()
 		if len(pids) == 0 {
 			return nil
 		}

@@ -1,13 +1,16 @@
 package rabbitharness
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 )
 
@@ -111,8 +114,85 @@ func TestHarness(t *testing.T) {
 	})
 
 	t.Run("close leaves no process", func(t *testing.T) {
-		require.NotEmpty(t, markedPIDs(func(v string) bool { return v == h.marker }))
+		require.NotEmpty(t, markedPIDs(func(v string) bool { return strings.HasPrefix(v, h.marker) }))
 		require.NoError(t, h.Close())
-		require.Empty(t, markedPIDs(func(v string) bool { return v == h.marker }))
+		require.Empty(t, markedPIDs(func(v string) bool { return strings.HasPrefix(v, h.marker) }))
 	})
+}
+
+// TestKillRestartNode crashes a node holding a durable queue with a
+// persistent message and restarts it: the message is there again, on the
+// same ports; so it is after a clean stop; and Close still stops
+// everything, a killed node among them.
+func TestKillRestartNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts RabbitMQ nodes")
+	}
+	h := StartT(t, Config{Sites: []string{"berlin", "tunis"}})
+	berlin := h.Node("berlin")
+	publish := func(queue, body string, mode uint8) {
+		conn, err := amqp.Dial(berlin.AMQPURL())
+		require.NoError(t, err)
+		defer conn.Close()
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		require.NoError(t, ch.Confirm(false))
+		_, err = ch.QueueDeclare(queue, true, false, false, false, nil)
+		require.NoError(t, err)
+		conf, err := ch.PublishWithDeferredConfirm("", queue, false, false, amqp.Publishing{DeliveryMode: mode, Body: []byte(body)})
+		require.NoError(t, err)
+		require.True(t, conf.Wait())
+	}
+	publish("durable", "kept", amqp.Persistent)
+	publish("durable-transient", "lost", amqp.Transient)
+	conn, err := amqp.Dial(berlin.AMQPURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	require.NoError(t, h.KillNode("berlin"))
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a client's connection outlived the node")
+	}
+	_, err = amqpHandshake(berlin.AMQPAddr())
+	require.Error(t, err, "the killed node still answers")
+	_, err = amqpHandshake(h.Node("tunis").AMQPAddr())
+	require.NoError(t, err, "killing berlin took tunis with it")
+	require.Error(t, h.KillNode("nowhere"))
+
+	require.NoError(t, h.RestartNode(context.Background(), "berlin"))
+	require.Error(t, h.RestartNode(context.Background(), "berlin"), "a running node restarted")
+	conn2, err := amqp.Dial(berlin.AMQPURL())
+	require.NoError(t, err)
+	defer conn2.Close()
+	ch, err := conn2.Channel()
+	require.NoError(t, err)
+	d, ok, err := ch.Get("durable", true)
+	require.NoError(t, err)
+	require.True(t, ok, "the persistent message did not survive the crash")
+	require.Equal(t, "kept", string(d.Body))
+	q, err := ch.QueueDeclarePassive("durable-transient", true, false, false, false, nil)
+	require.NoError(t, err)
+	require.Zero(t, q.Messages, "a transient message survived the crash")
+
+	// A clean stop and start keep it too.
+	publish("durable", "kept again", amqp.Persistent)
+	require.NoError(t, h.StopNode("berlin", 0))
+	require.NoError(t, h.RestartNode(context.Background(), "berlin"))
+	conn3, err := amqp.Dial(berlin.AMQPURL())
+	require.NoError(t, err)
+	defer conn3.Close()
+	ch3, err := conn3.Channel()
+	require.NoError(t, err)
+	d, ok, err = ch3.Get("durable", true)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "kept again", string(d.Body))
+
+	// Close with one node restarted twice and now killed again.
+	require.NoError(t, h.KillNode("berlin"))
+	require.NoError(t, h.Close())
+	require.Empty(t, markedPIDs(func(v string) bool { return strings.HasPrefix(v, h.marker) }), "a process survived Close after a restart and a kill")
 }

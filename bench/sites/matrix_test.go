@@ -1,0 +1,157 @@
+package sites
+
+import (
+	"context"
+	"github.com/luffymq/luffymq/bench/internal/harness"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// matrixRun is one architecture's figures in a synthetic matrix run.
+func matrixRun(arch string, mean, p99 float64, wan int64, oracle float64) SitesMatrixRun {
+	return SitesMatrixRun{Architecture: arch, MeanMs: mean, P50Ms: mean, P99Ms: p99, Published: 100, WANMessages: wan, OracleMeanMs: oracle}
+}
+
+// The goals are checked on the median of ratios paired within each run:
+// a run where queue federation was slow does not carry another where it
+// was fast.
+func TestSitesMatrixGoals(t *testing.T) {
+	c := SitesMatrixCell{Topology: "t", Scale: 10, Scenario: SitesWQBalanced, Runs: [][]SitesMatrixRun{
+		{matrixRun(ArchLuffyMQNearest, 50, 200, 100, 40), matrixRun(ArchQueueFederation, 100, 400, 300, 40)},  // 0.5×
+		{matrixRun(ArchLuffyMQNearest, 90, 500, 100, 40), matrixRun(ArchQueueFederation, 100, 400, 300, 40)},  // 0.9×
+		{matrixRun(ArchLuffyMQNearest, 55, 300, 100, 40), matrixRun(ArchQueueFederation, 1000, 900, 300, 40)}, // 0.055×
+	}}
+	got := map[string]sitesMatrixGoal{}
+	for _, g := range c.goals(ArchLuffyMQNearest) {
+		got[g.name] = g
+	}
+	want := map[string]bool{
+		"mean ≤ 0.6× queue federation":    true, // median of 0.5, 0.9, 0.055
+		"mean ≤ 1.5× oracle":              true, // median of 1.25, 2.25, 1.375
+		"p99 ≤ queue federation":          true, // median of 0.5, 1.25, 0.33
+		"0 lost, 0 duplicated":            true,
+		"WAN messages ≤ queue federation": true,
+	}
+	for name, met := range want {
+		g, ok := got[name]
+		if !ok {
+			t.Fatalf("goal %q missing from %+v", name, got)
+		}
+		if g.met != met {
+			t.Errorf("goal %q: met %v (measured %s), want %v", name, g.met, g.measured, met)
+		}
+	}
+	if g := got["mean ≤ 0.6× queue federation"]; g.measured != harness.FmtRatio(0.5) {
+		t.Errorf("mean ratio shown as %s, want the median paired ratio %s", g.measured, harness.FmtRatio(0.5))
+	}
+	// One lost message anywhere fails the cell.
+	c.Runs[1][0].Lost = 1
+	for _, g := range c.goals(ArchLuffyMQNearest) {
+		if g.name == "0 lost, 0 duplicated" && g.met {
+			t.Error("a lost message still meets the goal")
+		}
+	}
+}
+
+// A cell whose primary architecture failed to measure (NaN) meets no
+// latency goal.
+func TestSitesMatrixGoalsUnmeasured(t *testing.T) {
+	c := SitesMatrixCell{Scenario: SitesWQLocal, Runs: [][]SitesMatrixRun{
+		{matrixRun(ArchLuffyMQNearest, math.NaN(), math.NaN(), 0, 40), matrixRun(ArchQueueFederation, 100, 400, 300, 40)},
+	}}
+	for _, g := range c.goals(ArchLuffyMQNearest) {
+		if g.met {
+			t.Errorf("goal %q met without a measurement (%s)", g.name, g.measured)
+		}
+	}
+}
+
+// writeSitesMatrix writes matrix.json, matrix.md with a row per cell and
+// the goals' table, and a plot per scenario.
+func TestWriteSitesMatrix(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultSitesMatrixConfig()
+	cfg.Scenarios = []string{SitesWQBalanced}
+	cfg.Architectures = []string{ArchLuffyMQNearest, ArchQueueFederation}
+	res := &SitesMatrixResults{Generated: time.Date(2026, 11, 27, 4, 0, 0, 0, time.UTC), Config: cfg, RabbitMQ: "3.10.8"}
+	for _, scale := range []float64{1, 10} {
+		c := res.cell("tunis-busy-4", scale, SitesWQBalanced)
+		c.Runs = append(c.Runs, []SitesMatrixRun{matrixRun(ArchLuffyMQNearest, 80, 300, 1500, 50), matrixRun(ArchQueueFederation, 150, 900, 900, 50)})
+	}
+	if err := writeSitesMatrix(dir, res); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "matrix.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| tunis-busy-4 | 1× | 80.0 (300) | 150 (900) | 50.0 | 1500 / 900 |",
+		"| tunis-busy-4 | 10× |",
+		"WAN messages ≤ queue federation",
+		"6 of 10 goal checks met",
+		"| tunis-busy-4 | 10× | 0.53× yes | 1.60× no | 0.33× yes | 0 / 0 yes | 1.67× no |",
+	} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("matrix.md lacks %q:\n%s", want, md)
+		}
+	}
+	// A run that measured nothing is written too (JSON has no NaN).
+	res.cell("tokyo-busy-3", 3, SitesWQBalanced).Runs = [][]SitesMatrixRun{{matrixRun(ArchLuffyMQNearest, math.NaN(), math.NaN(), 0, math.NaN()), matrixRun(ArchQueueFederation, 150, 900, 900, 50)}}
+	if err := writeSitesMatrix(dir, res); err != nil {
+		t.Fatalf("a NaN in the results: %v", err)
+	}
+	for _, f := range []string{"matrix.json", "matrix-wq-balanced.png"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s not written: %v", f, err)
+		}
+	}
+}
+
+func TestSitesMatrixFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--out", "x", "--topologies", "nowhere"}, `unknown topology "nowhere"`},
+		{[]string{"--out", "x", "--scales", "0"}, "is not a time scale"},
+		{[]string{"--out", "x", "--scenario", "ps-B"}, "work-queue scenarios only"},
+		{[]string{"--out", "x", "--architectures", "luffymq"}, "must include queue-federation"},
+		{[]string{"--out", "x", "--repeat", "0"}, "--repeat 0"},
+		{[]string{"--topologies", "tokyo-busy-3"}, "--out is required"},
+	} {
+		err := sitesMatrixCommand(context.Background(), tt.args, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%v: error %v, want one containing %q", tt.args, err, tt.want)
+		}
+	}
+}
+
+// Every default topology is a valid work-queue workload of both
+// scenarios (the utilisation bound holds), and publishing lasts at least
+// the minimum.
+func TestDefaultSitesMatrixCells(t *testing.T) {
+	cfg := DefaultSitesMatrixConfig()
+	cfg.Out = t.TempDir()
+	for _, top := range cfg.Topologies {
+		for _, scale := range cfg.Scales {
+			cc := cfg.cellConfig(top, scale, 0).ScaledWQ()
+			if err := cc.validate(); err != nil {
+				t.Errorf("%s at %v×: %v", top.Name, scale, err)
+			}
+			for _, sc := range cfg.Scenarios {
+				if _, err := newWQWorkload(sc, cc.Sites, cc.ConsumersPerSite, cc.ServiceTime, cc.WQDuration); err != nil {
+					t.Errorf("%s at %v×, %s: %v", top.Name, scale, sc, err)
+				}
+			}
+			if cc.WQDuration < cfg.MinDuration {
+				t.Errorf("%s at %v×: publishing %v, below the minimum", top.Name, scale, cc.WQDuration)
+			}
+		}
+	}
+}
