@@ -76,12 +76,5 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	default:
 		err = fmt.Errorf("unknown command %q (want shared, throughput, connections, summary or %s)", args[0], harness.MochiServerCommand)
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "luffy-bench:", err)
-		return 1
-	}
-	return 0
+	return harness.ExitCode(err, stderr)
 }

@@ -536,12 +536,5 @@ func reliabilityCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 // other subcommands.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err := reliabilityCommand(ctx, args, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "luffy-bench:", err)
-		return 1
-	}
-	return 0
+	return harness.ExitCode(err, stderr)
 }

@@ -599,12 +599,5 @@ func topologyNames(ts []SitesTopology) string {
 // subcommand's name) and returns the exit code.
 func MatrixMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err := sitesMatrixCommand(ctx, args, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "luffy-bench:", err)
-		return 1
-	}
-	return 0
+	return harness.ExitCode(err, stderr)
 }

@@ -632,12 +632,5 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 // name) and returns the exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err := sitesCommand(ctx, args, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "luffy-bench:", err)
-		return 1
-	}
-	return 0
+	return harness.ExitCode(err, stderr)
 }

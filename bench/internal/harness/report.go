@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -209,4 +211,15 @@ func FmtPercent(v float64) string {
 		return "—"
 	}
 	return fmt.Sprintf("%.1f %%", 100*v)
+}
+
+// ExitCode is a luffy-bench subcommand's exit code for err, the error its
+// run returned: 0 for none or for --help, else 1 after printing err on
+// stderr.
+func ExitCode(err error, stderr io.Writer) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	fmt.Fprintln(stderr, "luffy-bench:", err)
+	return 1
 }
