@@ -26,14 +26,19 @@ import (
 // sleeps 10 ms before looking again. Two basic.gets and an injection take
 // about a millisecond on a loopback node.
 //
-// Measured on 2 shared cores with -race: with the wake hook, mean gap
-// about 1 ms and no gap of 9 ms or more in most runs; with the wake before
-// the count (the old order), 0 to 15 such gaps per 100 messages and a mean
-// of 1 to 14 ms; with no wake at all, a mean of 6 ms (each message waits
-// for the loop's next look, 10 ms after the last). So the mean gap
-// must stay under 3 ms and at most 5 % of the gaps may reach 9 ms. This
-// guards the whole path; TestWakeAfterSelectionCounted proves the order
-// deterministically.
+// Measured on 2 shared cores with -race, alone: mean gap 1.6 ms, median
+// 1.4 ms, 1–2 gaps of 9 ms or more in 199. With the wake hook removed the
+// loop still finds most messages soon: mean 2.3–2.8 ms, median 1.6–1.8
+// ms, 9–10 long gaps (why so few wait out the 10 ms look was not looked
+// into). Under
+// make test, where another package's RabbitMQ nodes share the two cores,
+// a working path measured mean 4.98 ms, median 3.09 ms and 14 long gaps,
+// the mean pulled up by stalls of the whole machine (one gap of 94 ms).
+// So this end-to-end test guards only that the pull path stays well below
+// the loop's 10 ms look: a median gap under 4 ms and at most 10 % of the
+// gaps at 9 ms or more (the mean is logged). That the wake comes after the
+// selection engine counted the PUBACK is proven deterministically by
+// TestWakeAfterSelectionCounted.
 func TestWorkQueuePullsAsSoonAsMemberFree(t *testing.T) {
 	h := sharedNodes(t)
 	n := h.Node("berlin")
@@ -131,6 +136,6 @@ func TestWorkQueuePullsAsSoonAsMemberFree(t *testing.T) {
 	t.Logf("%d messages of %v in %v; member idle between messages: mean %v, median %v, p90 %v, max %v, %d gaps of 9 ms or more",
 		count, service, total.Round(time.Millisecond), mean.Round(10*time.Microsecond), median.Round(10*time.Microsecond),
 		p90.Round(10*time.Microsecond), worst.Round(10*time.Microsecond), long)
-	require.Less(t, mean, 3*time.Millisecond, "mean idle gap")
-	require.LessOrEqual(t, long, count/20, "gaps of a pull loop that slept 10 ms")
+	require.Less(t, median, 4*time.Millisecond, "median idle gap")
+	require.LessOrEqual(t, long, count/10, "gaps of a pull loop that slept 10 ms")
 }
