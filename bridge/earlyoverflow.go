@@ -98,21 +98,26 @@ type decision struct {
 }
 
 // siteMembers returns the members that would start a message queued in
-// the site's queues now, their predicted waits as of now: this broker's
-// and, with router, the other brokers' of this site whose states are
-// fresh (they consume the same queues). It reuses v.site; v.mu is held.
-func (v *overflowView) siteMembers(now time.Time, router *wqroute.Router) []scoring.MemberSnapshot {
-	if router == nil {
-		return v.members
-	}
+// the site's queues now, with how long ago their predicted waits were
+// read: this broker's and, with router, the other brokers' of this site
+// whose states are fresh (they consume the same queues). With siblings,
+// the members are copied into v.site with their waits as of now; without
+// (one broker a site), this broker's are returned as they are, uncopied.
+// v.mu is held.
+func (v *overflowView) siteMembers(now time.Time, router *wqroute.Router) ([]scoring.MemberSnapshot, time.Duration) {
 	elapsed := now.Sub(v.seen)
-	v.site = v.site[:0]
+	if router == nil {
+		return v.members, elapsed
+	}
+	v.site = router.AppendSiblings(now, v.site[:0])
+	if len(v.site) == 0 {
+		return v.members, elapsed
+	}
 	for _, m := range v.members {
 		m.PredictedWait = max(m.PredictedWait-elapsed, 0)
 		v.site = append(v.site, m)
 	}
-	v.site = router.AppendSiblings(now, v.site)
-	return v.site
+	return v.site, 0
 }
 
 // localStart predicts how long a message queued now behind ahead others
@@ -123,11 +128,7 @@ func (v *overflowView) siteMembers(now time.Time, router *wqroute.Router) []scor
 // is what other sites are compared with. ok is false when nothing can be
 // said.
 func (v *overflowView) localStart(now time.Time, router *wqroute.Router, ahead int, limit time.Duration) (time.Duration, bool) {
-	members := v.siteMembers(now, router)
-	elapsed := now.Sub(v.seen)
-	if router != nil {
-		elapsed = 0 // siteMembers' waits are as of now
-	}
+	members, elapsed := v.siteMembers(now, router)
 	wait, ok := wqroute.PredictStart(members, elapsed, ahead, limit)
 	if !ok && router != nil {
 		return v.ttl, true
