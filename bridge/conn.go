@@ -169,7 +169,11 @@ func (b *Bridge) session(ctx context.Context, onUp func()) error {
 	cancel()
 	_ = conn.Close() // unblocks the loops waiting on RabbitMQ
 	wg.Wait()
-	b.wqTrack.reset(b.wqGen.Load())
+	for g, n := range b.wqTrack.reset(b.wqGen.Load()) {
+		for range n {
+			b.stats.wqSettled(g, "requeued") // by RabbitMQ, with the channel
+		}
+	}
 	return result
 }
 

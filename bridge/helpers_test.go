@@ -25,10 +25,10 @@ var testSites = []string{"berlin", "tunis", "montreal"}
 // parallel on first use and stopped by TestMain.
 var nodes = rabbitharness.NewShared(rabbitharness.Config{Sites: testSites})
 
-var (
-	fedOnce sync.Once
-	fedErr  error
-)
+// fedResets is the nodes' Resets count when the federation mesh was last
+// applied: -1 before the first time. Each top-level test finds the nodes
+// reset, so the mesh is applied again for it.
+var fedResets = -1
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -44,30 +44,25 @@ func sharedNodes(t *testing.T) *rabbitharness.Harness { return nodes.Get(t) }
 func federatedNodes(t *testing.T) *rabbitharness.Harness {
 	t.Helper()
 	h := sharedNodes(t)
-	fedOnce.Do(func() {
-		uri := func(from, to string) string {
+	if fedResets == h.Resets() {
+		return h
+	}
+	for _, site := range testSites {
+		n := h.Node(site)
+		upstreams := bridge.FullMesh(site, testSites, func(from, to string) string {
 			l, err := h.Link(h.Node(from), h.Node(to))
-			if err != nil {
-				fedErr = err
-				return ""
-			}
+			require.NoError(t, err)
 			return l.AMQPURL()
-		}
-		for _, site := range testSites {
-			n := h.Node(site)
-			err := bridge.ApplyFederation(context.Background(), bridge.FederationConfig{
-				ManagementURL: n.ManagementURL(),
-				Username:      rabbitharness.User,
-				Password:      rabbitharness.Password,
-				Upstreams:     bridge.FullMesh(site, testSites, uri),
-				MaxHops:       1,
-			})
-			if fedErr == nil {
-				fedErr = err
-			}
-		}
-	})
-	require.NoError(t, fedErr)
+		})
+		require.NoError(t, bridge.ApplyFederation(context.Background(), bridge.FederationConfig{
+			ManagementURL: n.ManagementURL(),
+			Username:      rabbitharness.User,
+			Password:      rabbitharness.Password,
+			Upstreams:     upstreams,
+			MaxHops:       1,
+		}))
+	}
+	fedResets = h.Resets()
 	return h
 }
 
@@ -131,3 +126,14 @@ func waitFederation(t *testing.T, h *rabbitharness.Harness, exchange string) {
 type stringer func() string
 
 func (s stringer) String() string { return s() }
+
+// resetNodes empties h's nodes (rabbitharness.Harness.Reset) for a
+// subtest that starts its own brokers: sharedNodes resets them only
+// between top-level tests, and what earlier subtests' federation links
+// left running slowed the later ones by half.
+func resetNodes(t *testing.T, h *rabbitharness.Harness) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, h.Reset(ctx))
+}

@@ -425,7 +425,13 @@ func TestReconfigConservesHeldMessages(t *testing.T) {
 		r.moveAt.Sub(r.cutAt).Round(time.Millisecond), r.healAt.Sub(r.moveAt).Round(time.Millisecond), rcPub, pubStats.Conserved, pubStats.QueuesRemoved,
 		pubStats.RequestsSent, pubStats.RequestsAnswered,
 		rcOld, oldStats.LinksAdded, oldStats.LinksRemoved, oldStats.RequestsSent, time.Since(start).Round(time.Second))
-	require.LessOrEqual(t, worst, 2*time.Second, "held messages arrive within 2 s of the heal above steady state")
+	// After the heal, the held messages wait for at most one federation
+	// reconnect (ReconnectDelay, 1 s: RabbitMQ's smallest) and one retry
+	// of the conservation request (1 s), then for their re-publishing. A
+	// bound of 2 s failed in CI by 174 ms with every package's tests
+	// running beside this one under -race; 3 s still catches any wait for
+	// a longer timer (a request put aside for RetryPause, 5 s).
+	require.LessOrEqual(t, worst, 3*time.Second, "held messages arrive within 3 s of the heal above steady state")
 }
 
 // TestReconfigDiscardLosesHeldMessages is the same move with conservation

@@ -115,15 +115,18 @@ func (t *wqTracker) count(group string) int {
 }
 
 // reset forgets every message of session gen: RabbitMQ requeued them when
-// the channel closed.
-func (t *wqTracker) reset(gen uint64) {
+// the channel closed. It returns how many it forgot, by group.
+func (t *wqTracker) reset(gen uint64) map[string]int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	forgot := map[string]int{}
 	for _, p := range t.byID {
 		if p.gen == gen {
 			t.removeLocked(p)
+			forgot[p.g.name]++
 		}
 	}
+	return forgot
 }
 
 func userProperty(props []packets.UserProperty, key string) string {

@@ -158,6 +158,7 @@ type wqResult struct {
 
 func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 	t.Helper()
+	resetNodes(t, h)
 	share := "$share/" + s.group + "/jobs/" + s.group + "/#"
 	ttl := s.ttlPerMember
 	if ttl == 0 {
@@ -448,6 +449,23 @@ func TestWorkQueues(t *testing.T) {
 				require.Positive(t, r.leftToBridge, "the selection hook should leave the killed worker's message to the bridge")
 			},
 		},
+		{
+			// Every AMQP connection of both nodes is closed mid-run, as
+			// a missed heartbeat or a node's restart does: the brokers'
+			// own and the federation links between the sites. Overflow
+			// is in flight at publish, in wq.spill's TTL and across the
+			// links; all of it is processed, once per message ID.
+			name: "closed AMQP connections lose nothing",
+			setup: wqSetup{group: "drop", workers: map[string][]time.Duration{"berlin": {100 * ms}, "tunis": {20 * ms, 20 * ms}}, messages: 90, rate: 30,
+				during: func(t *testing.T, _ map[string][]*worker) {
+					for _, site := range wqSites {
+						closeConnections(t, h.Node(site))
+					}
+				}},
+			check: func(t *testing.T, r wqResult) {
+				require.Positive(t, r.stats["tunis"].FromOtherSites, "nothing spilled")
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -525,4 +543,21 @@ func nonEmptyQueues(h *rabbitharness.Harness) string {
 		}
 	}
 	return b.String()
+}
+
+// closeConnections closes every client connection of node n through its
+// management API.
+func closeConnections(t *testing.T, n *rabbitharness.Node) {
+	t.Helper()
+	rh, err := rabbithole.NewClient(n.ManagementURL(), rabbitharness.User, rabbitharness.Password)
+	require.NoError(t, err)
+	conns, err := rh.ListConnections()
+	require.NoError(t, err)
+	require.NotEmpty(t, conns)
+	for _, c := range conns {
+		res, err := rh.CloseConnection(c.Name)
+		require.NoError(t, err, "closing %s on %s", c.Name, n.Site)
+		res.Body.Close()
+	}
+	t.Logf("closed %d connections on %s", len(conns), n.Site)
 }

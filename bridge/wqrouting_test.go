@@ -68,6 +68,7 @@ type routeResult struct {
 
 func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResult {
 	t.Helper()
+	resetNodes(t, h)
 	share := "$share/" + s.group + "/jobs/" + s.group + "/#"
 	wqc := bridge.WorkQueueConfig{
 		MaxLengthPerMember: 3000,

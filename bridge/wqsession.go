@@ -306,7 +306,15 @@ func (b *Bridge) settleLoop(ctx context.Context, gen uint64) error {
 			b.sweepStuck(gen)
 		case s := <-b.settles:
 			if s.p.gen != gen {
-				continue // its channel is gone: RabbitMQ requeued it
+				// Its channel is gone: RabbitMQ requeued it whatever the
+				// member did, and will deliver it again. If the member
+				// finished it, the copy is acknowledged as a duplicate
+				// when it comes, not processed again.
+				if s.ack {
+					b.wqDone.seen(s.p.id)
+				}
+				b.stats.wqSettled(s.p.g.name, "requeued")
+				continue
 			}
 			var err error
 			if s.ack {

@@ -107,9 +107,10 @@ type Harness struct {
 	nodes    []*Node
 	bySite   map[string]*Node
 
-	mu    sync.Mutex
-	links map[[2]string]*Link
-	proxy *toxiproxy.ApiServer
+	mu     sync.Mutex
+	links  map[[2]string]*Link
+	proxy  *toxiproxy.ApiServer
+	resets int // successful Reset calls
 }
 
 // Node is one running RabbitMQ node.
@@ -217,12 +218,10 @@ func Start(ctx context.Context, cfg Config) (*Harness, error) {
 		return nil, err
 	}
 	for _, site := range cfg.Sites {
-		n := &Node{Site: site, Name: "site-" + site + "-" + randomHex(3) + "@localhost", marker: h.marker + "-" + site}
-		for _, p := range []*int{&n.amqpPort, &n.mgmtPort, &n.distPort} {
-			if *p, err = freePort(); err != nil {
-				h.cleanupDir()
-				return nil, err
-			}
+		n := &Node{Site: site, marker: h.marker + "-" + site}
+		if err := n.choosePorts(); err != nil {
+			h.cleanupDir()
+			return nil, err
 		}
 		h.nodes = append(h.nodes, n)
 		h.bySite[site] = n
@@ -236,7 +235,19 @@ func Start(ctx context.Context, cfg Config) (*Harness, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = h.startNode(ctx, n)
+			// A node that exits during start gets new ports, name and
+			// directory once: another process may have bound one of its
+			// ports after freePort chose it.
+			for attempt := 1; ; attempt++ {
+				errs[i] = h.startNode(ctx, n)
+				if attempt == 2 || !errors.Is(errs[i], errExitedDuringStart) || ctx.Err() != nil {
+					return
+				}
+				if err := n.choosePorts(); err != nil {
+					errs[i] = errors.Join(errs[i], err)
+					return
+				}
+			}
 		}()
 	}
 	wg.Wait()
@@ -257,6 +268,18 @@ func validSite(s string) bool {
 		}
 	}
 	return true
+}
+
+// choosePorts gives n a new name and free ports.
+func (n *Node) choosePorts() error {
+	n.Name = "site-" + n.Site + "-" + randomHex(3) + "@localhost"
+	for _, p := range []*int{&n.amqpPort, &n.mgmtPort, &n.distPort} {
+		var err error
+		if *p, err = freePort(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (h *Harness) startNode(ctx context.Context, n *Node) error {
@@ -336,7 +359,7 @@ func (n *Node) waitReady(ctx context.Context, exited <-chan struct{}) error {
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("node %s exited during start; log tail:\n%s", n.Name, n.LogTail(3000))
+			return fmt.Errorf("node %s %w; errors in its log:\n%s\nlog tail:\n%s", n.Name, errExitedDuringStart, n.logErrors(2000), n.LogTail(1500))
 		case <-ctx.Done():
 			return fmt.Errorf("node %s not answering on management port %d: %w; log tail:\n%s", n.Name, n.mgmtPort, ctx.Err(), n.LogTail(3000))
 		case <-tick.C:
@@ -379,6 +402,27 @@ func (n *Node) AMQPURL() string {
 // ManagementURL returns the base URL of the node's management API.
 func (n *Node) ManagementURL() string {
 	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(n.mgmtPort))
+}
+
+// errExitedDuringStart says a node's VM stopped before it was ready: a
+// port taken between freePort and the node's bind is the usual cause.
+var errExitedDuringStart = errors.New("exited during start")
+
+// logErrors returns the lines of the node's logs (main log and stdout)
+// that report an error, at most max bytes of the first ones.
+func (n *Node) logErrors(max int) string {
+	var b strings.Builder
+	for _, f := range []string{filepath.Join(n.dir, "log", n.Name+".log"), filepath.Join(n.dir, "stdout.log")} {
+		data, _ := os.ReadFile(f)
+		for _, line := range strings.Split(string(data), "\n") {
+			l := strings.ToLower(line)
+			if (strings.Contains(l, "[error]") || strings.Contains(l, "eaddrinuse") || strings.Contains(l, "error:") || strings.Contains(l, "failed")) && b.Len() < max {
+				b.WriteString(line)
+				b.WriteByte('\n')
+			}
+		}
+	}
+	return b.String()
 }
 
 // LogTail returns the last max bytes of the node's main log.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 )
@@ -113,6 +114,52 @@ func TestHarness(t *testing.T) {
 		require.NoError(t, err)
 	})
 
+	t.Run("reset empties the nodes and restores cut links", func(t *testing.T) {
+		ch := amqpChannel(t, berlin.AMQPURL())
+		_, err := ch.QueueDeclare("left-behind", true, false, false, false, nil)
+		require.NoError(t, err)
+		require.NoError(t, ch.PublishWithContext(context.Background(), "", "left-behind", false, false, amqp.Publishing{Body: []byte("x")}))
+		require.NoError(t, ch.ExchangeDeclare("left-behind-x", "fanout", true, false, false, false, nil))
+		rh, err := rabbithole.NewClient(berlin.ManagementURL(), User, Password)
+		require.NoError(t, err)
+		res, err := rh.PutPolicy("/", "left-behind-p", rabbithole.Policy{Pattern: "^left", ApplyTo: "queues", Definition: rabbithole.PolicyDefinition{"max-length": 5}})
+		require.NoError(t, err)
+		res.Body.Close()
+		berlin.AddVhost(t, "other")
+		link, err := h.Link(berlin, tunis)
+		require.NoError(t, err)
+		link.Cut()
+		before := h.Resets()
+
+		require.NoError(t, h.Reset(context.Background()))
+		require.Equal(t, before+1, h.Resets())
+		_, err = amqpHandshake(link.Addr())
+		require.NoError(t, err, "a cut link accepts connections again")
+		vhosts, err := rh.ListVhosts()
+		require.NoError(t, err)
+		require.Len(t, vhosts, 1)
+		require.Equal(t, "/", vhosts[0].Name)
+		queues, err := rh.ListQueues()
+		require.NoError(t, err)
+		require.Empty(t, queues, "the queue a test declared is gone with its message")
+		policies, err := rh.ListPolicies()
+		require.NoError(t, err)
+		require.Empty(t, policies)
+		exchanges, err := rh.ListExchangesIn("/")
+		require.NoError(t, err)
+		var names []string
+		for _, e := range exchanges {
+			names = append(names, e.Name)
+		}
+		require.NotContains(t, names, "left-behind-x")
+		require.Contains(t, names, "amq.rabbitmq.event", "the event exchange plugin's exchange stays")
+		// "/" is usable again by the harness user.
+		ch = amqpChannel(t, berlin.AMQPURL())
+		q, err := ch.QueueDeclare("left-behind", true, false, false, false, nil)
+		require.NoError(t, err)
+		require.Zero(t, q.Messages)
+	})
+
 	t.Run("close leaves no process", func(t *testing.T) {
 		require.NotEmpty(t, markedPIDs(func(v string) bool { return strings.HasPrefix(v, h.marker) }))
 		require.NoError(t, h.Close())
@@ -195,4 +242,16 @@ func TestKillRestartNode(t *testing.T) {
 	require.NoError(t, h.KillNode("berlin"))
 	require.NoError(t, h.Close())
 	require.Empty(t, markedPIDs(func(v string) bool { return strings.HasPrefix(v, h.marker) }), "a process survived Close after a restart and a kill")
+}
+
+// amqpChannel opens a channel to url, closed with its connection when t
+// ends.
+func amqpChannel(t *testing.T, url string) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	return ch
 }
