@@ -3,8 +3,13 @@ package bridge
 // Small helpers for AMQP channels, queues and errors.
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
+	"strings"
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -70,4 +75,57 @@ func isNotFound(err error) bool {
 func argString(args map[string]interface{}, k string) string {
 	s, _ := args[k].(string)
 	return s
+}
+
+// managedQueue is what the bridge reads of a queue through the
+// management API.
+type managedQueue struct {
+	Name      string                 `json:"name"`
+	Arguments map[string]interface{} `json:"arguments"`
+	// ConsumerConnections names the connection of each consumer whose
+	// channel the management API knows.
+	ConsumerConnections []string `json:"-"`
+}
+
+// getQueue reads queue name in vhost. rabbit-hole's GetQueue cannot be
+// used: RabbitMQ gives a consumer whose channel it no longer knows (a
+// federation link's, while it stops) "channel_details": [], which
+// rabbit-hole fails to decode as an object, and the whole read fails. A
+// missing queue is a rabbithole.ErrorResponse of 404 (isNotFound).
+func getQueue(ctx context.Context, rh *rabbithole.Client, vhost, name string) (managedQueue, error) {
+	var q managedQueue
+	u := strings.TrimSuffix(rh.Endpoint, "/") + "/api/queues/" + url.PathEscape(vhost) + "/" + url.PathEscape(name)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return q, err
+	}
+	req.SetBasicAuth(rh.Username, rh.Password)
+	client := &http.Client{Timeout: managementTimeout}
+	res, err := client.Do(req)
+	if err != nil {
+		return q, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return q, rabbithole.ErrorResponse{StatusCode: res.StatusCode, Message: res.Status}
+	}
+	var raw struct {
+		managedQueue
+		ConsumerDetails []struct {
+			ChannelDetails json.RawMessage `json:"channel_details"`
+		} `json:"consumer_details"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&raw); err != nil {
+		return q, fmt.Errorf("decoding queue %s: %w", name, err)
+	}
+	q = raw.managedQueue
+	for _, c := range raw.ConsumerDetails {
+		var ch struct {
+			ConnectionName string `json:"connection_name"`
+		}
+		if json.Unmarshal(c.ChannelDetails, &ch) == nil && ch.ConnectionName != "" {
+			q.ConsumerConnections = append(q.ConsumerConnections, ch.ConnectionName)
+		}
+	}
+	return q, nil
 }

@@ -400,9 +400,12 @@ func managementClient(url, user, password string) (*rabbithole.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: management URL %q: %w", ErrInvalidConfig, url, err)
 	}
-	rh.SetTimeout(10 * time.Second)
+	rh.SetTimeout(managementTimeout)
 	return rh, nil
 }
+
+// managementTimeout bounds each call to a management API.
+const managementTimeout = 10 * time.Second
 
 func checkResponse(res *http.Response, err error) error {
 	if err != nil {

@@ -156,11 +156,11 @@ func federationQueueName(upX, upVhost, downstream, downX, downVhost string) stri
 // req.Exchange: by their name, and, through the management API, behind
 // the exchanges of type x-federation-upstream declared for that node and
 // bound from req.Exchange. Each comes with the exchanges bound to it.
-func (b *Bridge) locateHeld(req conserveRequest) ([]heldQueue, error) {
+func (b *Bridge) locateHeld(ctx context.Context, req conserveRequest) ([]heldQueue, error) {
 	vhost := b.vhost()
 	names := map[string]bool{}
 	if name := federationQueueName(req.Exchange, vhost, req.Downstream, req.LocalExchange, req.DownstreamVhost); req.LocalExchange != "" {
-		q, err := b.rh.GetQueue(vhost, name)
+		q, err := getQueue(ctx, b.rh, vhost, name)
 		switch {
 		case err == nil && argString(q.Arguments, federationPurposeArg) == "federation":
 			names[name] = true
@@ -198,7 +198,7 @@ func (b *Bridge) locateHeld(req conserveRequest) ([]heldQueue, error) {
 			if bd.DestinationType != "queue" || names[bd.Destination] {
 				continue
 			}
-			q, err := b.rh.GetQueue(vhost, bd.Destination)
+			q, err := getQueue(ctx, b.rh, vhost, bd.Destination)
 			if err != nil {
 				if isNotFound(err) {
 					continue
@@ -244,7 +244,7 @@ func (b *Bridge) feedsOf(queue string) ([]string, error) {
 
 // conserve carries out one request (see this file's comment).
 func (b *Bridge) conserve(ctx context.Context, conn *amqp.Connection, locks *queueLocks, req conserveRequest, replyTo, correlationID string) error {
-	held, err := b.locateHeld(req)
+	held, err := b.locateHeld(ctx, req)
 	if err != nil {
 		return err
 	}
@@ -336,7 +336,7 @@ func (b *Bridge) takeCustody(ctx context.Context, conn *amqp.Connection, queue, 
 			return n, info == nil && err == nil, err
 		}
 		if info.Consumers > 0 {
-			if err := b.closeConsumers(queue, conn); err != nil {
+			if err := b.closeConsumers(ctx, queue, conn); err != nil {
 				return n, false, err
 			}
 		}
@@ -365,23 +365,19 @@ func (b *Bridge) takeCustody(ctx context.Context, conn *amqp.Connection, queue, 
 // management API knows them, but own, the agent's connection: the
 // statistics may lag behind by an interval and still list the consumer
 // with which republishAll took the queue.
-func (b *Bridge) closeConsumers(queue string, own *amqp.Connection) error {
-	q, err := b.rh.GetQueue(b.vhost(), queue)
+func (b *Bridge) closeConsumers(ctx context.Context, queue string, own *amqp.Connection) error {
+	q, err := getQueue(ctx, b.rh, b.vhost(), queue)
 	if isNotFound(err) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("reading queue %s: %w", queue, err)
 	}
-	if q.ConsumerDetails == nil {
-		return nil
-	}
 	// RabbitMQ names a connection "<client address> -> <its address>".
 	ownName := own.LocalAddr().String() + " -> "
 	closed := map[string]bool{}
-	for _, c := range *q.ConsumerDetails {
-		name := c.ChannelDetails.ConnectionName
-		if name == "" || closed[name] || strings.HasPrefix(name, ownName) {
+	for _, name := range q.ConsumerConnections {
+		if closed[name] || strings.HasPrefix(name, ownName) {
 			continue
 		}
 		closed[name] = true

@@ -152,11 +152,11 @@ func (b *Bridge) reclaimSite(ctx context.Context, conn *amqp.Connection, g *work
 		return c, err
 	}
 	for _, l := range links {
-		routed, err := b.locateHeld(l)
+		routed, err := b.locateHeld(ctx, l)
 		if err != nil {
 			return c, err
 		}
-		ring, err := b.locateHeld(conserveRequest{Exchange: DeadLetterExchangeName(g.name), LocalExchange: IntakeExchangeName(g.name),
+		ring, err := b.locateHeld(ctx, conserveRequest{Exchange: DeadLetterExchangeName(g.name), LocalExchange: IntakeExchangeName(g.name),
 			Downstream: l.Downstream, DownstreamVhost: l.DownstreamVhost})
 		if err != nil {
 			return c, err
