@@ -499,6 +499,30 @@ func federationDeliveries(ctx context.Context, mgmtURL string) (map[string]int64
 	return out, nil
 }
 
+// workQueueBacklog counts the messages (ready and unacknowledged) in the
+// work queues' queues of every site's node: wq.*, the intakes
+// luffymq.wqin.* and the federation links' queues of their exchanges. A
+// node that does not answer counts one, so that the drain waits.
+func (e *sitesEnv) workQueueBacklog(ctx context.Context) int {
+	n := 0
+	for _, site := range e.sites {
+		var queues []struct {
+			Name     string `json:"name"`
+			Messages int    `json:"messages"`
+		}
+		if err := mgmtGet(ctx, e.node(site).ManagementURL(), "/api/queues?columns=name,messages", &queues); err != nil {
+			n++
+			continue
+		}
+		for _, q := range queues {
+			if strings.Contains(q.Name, "wq.") || strings.HasPrefix(q.Name, "luffymq.wqin.") {
+				n += q.Messages
+			}
+		}
+	}
+	return n
+}
+
 func mgmtGet(ctx context.Context, base, path string, v any) error {
 	return getJSON(ctx, base+path, true, v)
 }

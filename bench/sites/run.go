@@ -172,15 +172,19 @@ type measurement struct {
 	overlayN  map[string]int64
 	wanBytes  map[string]siteBytes
 	drainNote string
+	// queuedAtEnd is the work-queue backlog when the drain ended.
+	queuedAtEnd int
 }
 
 // publishAll publishes arrivals on schedule through pub and waits for the
 // broker's answers, then for the receivers: until expected(owed) receipts
 // arrived, nothing arrived for quiet, or the drain timeout. during, when
 // set, starts with the publisher (given the start time) and is stopped
-// when the last message is sent.
+// when the last message is sent. backlog, when set, counts messages still
+// queued for the receivers: while it is above zero a quiet spell does not
+// end the drain.
 func (r *sitesRunner) publishAll(ctx context.Context, quiet time.Duration, n int, at func(i int) time.Duration, pub func(i int) (sitesPublisher, uint64, sitesExpectation),
-	ledger *publishLedger, rec *sitesRecorder, expected func(map[uint64]sitesExpectation) int, during func(start time.Time) func()) measurement {
+	ledger *publishLedger, rec *sitesRecorder, expected func(map[uint64]sitesExpectation) int, during func(start time.Time) func(), backlog func(context.Context) int) measurement {
 	m := measurement{}
 	sampler := r.env.startOverlaySampler(ctx)
 	bytes0 := r.env.wanBytes()
@@ -222,10 +226,18 @@ func (r *sitesRunner) publishAll(ctx context.Context, quiet time.Duration, n int
 			break
 		}
 		if time.Since(last) > quiet && time.Since(m.start.Add(at(max(n-1, 0)))) > quiet {
-			break
+			if backlog == nil {
+				break
+			}
+			if m.queuedAtEnd = backlog(ctx); m.queuedAtEnd == 0 {
+				break
+			}
 		}
 		if time.Now().After(deadline) {
 			m.drainNote = harness.JoinErr(m.drainNote, fmt.Sprintf("drain timed out after %s", r.cfg.DrainTimeout))
+			if backlog != nil {
+				m.queuedAtEnd = backlog(ctx)
+			}
 			break
 		}
 		timeutil.Sleep(ctx, 50*time.Millisecond)
@@ -249,6 +261,10 @@ func (r *sitesRunner) fill(run *SitesRun, m measurement, receiverSite []int, clo
 	}
 	if m.drainNote != "" {
 		run.Notes = append(run.Notes, m.drainNote)
+	}
+	run.QueuedAtEnd = m.queuedAtEnd
+	if m.queuedAtEnd > 0 {
+		run.Notes = append(run.Notes, fmt.Sprintf("%d messages were still in the work queues' queues when the drain ended", m.queuedAtEnd))
 	}
 	run.Expected, run.Delivered, run.Lost, run.Duplicated, run.Unexpected, run.Remote = a.Expected, a.Delivered, a.Lost, a.Duplicated, a.Unexpected, a.Remote
 	run.Latency, run.LocalLatency, run.RemoteLatency = a.Latency, a.LocalLatency, a.RemoteLatency
@@ -520,7 +536,7 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 		func(i int) (sitesPublisher, uint64, sitesExpectation) {
 			a := arrivals[i]
 			return pubs[a.Site], sitesMsgID(false, a.Site, a.Seq), sitesExpectation{Origin: a.Site}
-		}, ledger, rec, func(owed map[uint64]sitesExpectation) int { return len(owed) }, nil)
+		}, ledger, rec, func(owed map[uint64]sitesExpectation) int { return len(owed) }, nil, r.env.workQueueBacklog)
 	r.fill(run, m, dl.receiverSite, cloud)
 	run.Oracle = r.wqOracleLatency(w, m)
 	if r.cfg.Trace {
@@ -756,7 +772,7 @@ func (r *sitesRunner) runPS(ctx context.Context, run *SitesRun, w psWorkload) er
 				n += len(e.Receivers)
 			}
 			return n
-		}, during)
+		}, during, nil)
 	r.fill(run, m, dl.receiverSite, cloud)
 	if ctl != nil {
 		ctl.finish(run, r.cfg.ReconfigPeriod)

@@ -306,7 +306,13 @@ type SitesRun struct {
 	// exchange; work queue: one processing per message).
 	Expected   int `json:"expected"`
 	Delivered  int `json:"delivered"`
-	Lost       int `json:"lost"`
+	// Lost counts deliveries owed and not made when the drain ended.
+	// QueuedAtEnd (work queues) counts the messages then still in the
+	// nodes' work-queue queues (wq.*, intakes, their federation links):
+	// a drain waits for them up to its timeout, so lost messages with a
+	// backlog left are late, not gone.
+	Lost        int `json:"lost"`
+	QueuedAtEnd int `json:"queued_at_end,omitempty"`
 	Duplicated int `json:"duplicated"`
 	Unexpected int `json:"unexpected"`
 	// Remote counts first deliveries (processings) at a site other than
