@@ -304,8 +304,8 @@ type SitesRun struct {
 	PublishFailed int `json:"publish_failed"`
 	// Expected counts deliveries owed (pub/sub: every subscriber of the
 	// exchange; work queue: one processing per message).
-	Expected   int `json:"expected"`
-	Delivered  int `json:"delivered"`
+	Expected  int `json:"expected"`
+	Delivered int `json:"delivered"`
 	// Lost counts deliveries owed and not made when the drain ended.
 	// QueuedAtEnd (work queues) counts the messages then still in the
 	// nodes' work-queue queues (wq.*, intakes, their federation links):
@@ -313,8 +313,8 @@ type SitesRun struct {
 	// backlog left are late, not gone.
 	Lost        int `json:"lost"`
 	QueuedAtEnd int `json:"queued_at_end,omitempty"`
-	Duplicated int `json:"duplicated"`
-	Unexpected int `json:"unexpected"`
+	Duplicated  int `json:"duplicated"`
+	Unexpected  int `json:"unexpected"`
 	// Remote counts first deliveries (processings) at a site other than
 	// the publisher's.
 	Remote        int          `json:"remote"`
