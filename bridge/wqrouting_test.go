@@ -1,8 +1,13 @@
 package bridge_test
 
 import (
+	"bufio"
+	"context"
 	"fmt"
+	"net"
+	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +18,7 @@ import (
 	"github.com/luffymq/luffymq/broker"
 	"github.com/luffymq/luffymq/internal/mqtttest"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
+	"github.com/luffymq/luffymq/internal/testenv"
 )
 
 // routeSites are the sites of the routing tests, on the shared nodes:
@@ -34,6 +40,9 @@ type routeSetup struct {
 	// siblingWorkers, if set, are members of a second broker at Tunis
 	// (broker ID "tunis-2"; the publisher stays on the first).
 	siblingWorkers []time.Duration
+	// receiptAckers counts, by site, mosquitto_sub members (QoS 1, which
+	// acknowledge each message on receipt) beside the workers.
+	receiptAckers map[string]int
 	// during runs in its own goroutine once publishing starts; the
 	// final count waits for it.
 	during func(t *testing.T, run *routeRun)
@@ -88,6 +97,11 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 			members++
 		}
 	}
+	for site, n := range s.receiptAckers {
+		for i := range n {
+			startMosquittoSub(t, brokers[site].MQTTAddr(), fmt.Sprintf("%s-%s-mosq-%d", s.group, site, i), share, site, tl)
+		}
+	}
 	var sibling *broker.Broker // counted with the other brokers' members below
 	if s.siblingWorkers != nil {
 		sibling = startWQBroker(t, h, "tunis", "tunis-2", share, wqc)
@@ -95,6 +109,9 @@ func runRouting(t *testing.T, h *rabbitharness.Harness, s routeSetup) routeResul
 			startWorker(t, sibling.MQTTAddr(), fmt.Sprintf("%s-tunis2-%d", s.group, i), share, "tunis", svc, 5*time.Millisecond, tl)
 			members++
 		}
+	}
+	for _, n := range s.receiptAckers {
+		members += n // their acks teach a service time too
 	}
 	learnedAt := []*broker.Broker{brokers["tunis"], brokers["berlin"], brokers["montreal"]}
 	if sibling != nil {
@@ -297,6 +314,23 @@ func TestWorkQueueRouting(t *testing.T) {
 		away := r.spilledTo["berlin"] + r.spilledTo["montreal"]
 		require.LessOrEqual(t, away, 8, "%d of tunis's 80 messages left the site though a sibling broker's members were idle", away)
 	})
+	t.Run("mosquitto_sub members are predicted from their acks and lose nothing", func(t *testing.T) {
+		// As in the first case, but Berlin's members are mosquitto_sub
+		// processes (QoS 1, no load reports): each acknowledges a message
+		// as it prints it, which for mosquitto_sub is the whole work. The
+		// broker learns a service time from those acks, as for any
+		// member that acknowledges after processing, so Berlin's state
+		// shows idle members 22 ms away and Tunis routes its overflow
+		// there, each message processed once. (A client that acks on
+		// receipt and works afterwards looks the same without reports:
+		// docs/sites.md.)
+		r := runRouting(t, h, routeSetup{group: "rmosq", route: bridge.RouteNearest, messages: 80, rate: 20,
+			workers:       map[string][]time.Duration{"tunis": {100 * ms}, "montreal": {20 * ms, 20 * ms}},
+			receiptAckers: map[string]int{"berlin": 2}})
+		checkExactlyOnce(t, r)
+		require.Greater(t, r.tunis.RoutedTo["berlin"], uint64(20), "too little routed to berlin's idle mosquitto_sub members")
+		require.Less(t, 4*r.spilledTo["montreal"], r.spilledTo["berlin"], "the far site got more than a fifth of the near one's")
+	})
 	t.Run("a cut link sends new messages elsewhere and loses nothing", func(t *testing.T) {
 		// As in the first case, but both links between Tunis and Berlin
 		// are cut 1 s into publishing, with messages on their way to
@@ -343,5 +377,56 @@ func TestWorkQueueRouting(t *testing.T) {
 		// pick Berlin (with the ring alone, 23 of 54 went there).
 		require.Positive(t, late)
 		require.Less(t, 10*atBerlin, late, "%d of the %d messages published while berlin's state was stale and its links cut went to berlin", atBerlin, late)
+	})
+}
+
+// startMosquittoSub runs a mosquitto_sub member of share (MQTT v5, QoS 1:
+// it acknowledges each message as it arrives) until t ends, and records
+// each message it prints in tl under label.
+func startMosquittoSub(t *testing.T, addr, id, share, label string, tl *tally) {
+	t.Helper()
+	bin := testenv.RequireBinary(t, "mosquitto_sub", "mosquitto-clients")
+	host, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	// One line a message: the payload (a sequence number), then the user
+	// properties, the message ID among them.
+	cmd := exec.CommandContext(ctx, bin, "-V", "mqttv5", "-h", host, "-p", port, "-i", id, "-q", "1", "-t", share, "-F", "%p %P")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	stderr := new(testenv.LockedBuffer)
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() {
+			fields := strings.Fields(lines.Text())
+			if len(fields) == 0 {
+				continue
+			}
+			seq, err := strconv.Atoi(fields[0])
+			if err != nil {
+				continue
+			}
+			msgID := ""
+			for _, f := range fields[1:] {
+				if v, ok := strings.CutPrefix(f, bridge.MessageIDUserProperty+":"); ok {
+					msgID = v
+				}
+			}
+			now := time.Now()
+			tl.started(label, seq, now)
+			tl.record(label, seq, msgID)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("mosquitto_sub %s: %s", id, stderr.String())
+		}
 	})
 }
