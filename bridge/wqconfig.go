@@ -110,8 +110,8 @@ type WorkQueueConfig struct {
 	// with TTLOverflowOnly.
 	Route string
 	// StateInterval is how often at most a broker publishes its group
-	// state with RouteNearest (100 ms); it publishes at least every 10
-	// intervals while nothing changes.
+	// state with RouteNearest (100 ms); it publishes at least every
+	// stateHeartbeatIntervals (5) intervals while nothing changes.
 	StateInterval time.Duration
 	// Federation sets the federation links created from configuration
 	// messages (ManagementURL and credentials are taken from above).

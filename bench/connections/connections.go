@@ -360,7 +360,7 @@ func forEach(n, workers int, fn func(i int) error) (ok int, first error) {
 // runConnections runs the idle-connection measurement once against br.
 func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBroker, run *ConnectionsRun) error {
 	n := cfg.Connections
-	pub, pubConn, err := harness.DialPaho(ctx, br.Addr(), "bench-publisher", 600, paho.ClientConfig{})
+	pub, pubConn, _, err := harness.DialPaho(ctx, br.Addr(), "bench-publisher", 600, paho.ClientConfig{})
 	if err != nil {
 		return err
 	}

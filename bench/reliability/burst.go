@@ -83,7 +83,7 @@ func (r *reliabilityRunner) runBurst(ctx context.Context, system string, pending
 	counts := make([]atomic.Int64, bc.Subscribers)
 	var delivered, lastRecv atomic.Int64
 	for i := range bc.Subscribers {
-		c, conn, err := harness.DialPaho(ctx, br.Addr(), fmt.Sprintf("burst-sub-%d", i+1), 30, paho.ClientConfig{
+		c, conn, _, err := harness.DialPaho(ctx, br.Addr(), fmt.Sprintf("burst-sub-%d", i+1), 30, paho.ClientConfig{
 			OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(paho.PublishReceived) (bool, error) {
 				counts[i].Add(1)
 				delivered.Add(1)
@@ -104,7 +104,7 @@ func (r *reliabilityRunner) runBurst(ctx context.Context, system string, pending
 	}
 	pubs := make([]*paho.Client, bc.Publishers)
 	for i := range pubs {
-		c, conn, err := harness.DialPaho(ctx, br.Addr(), fmt.Sprintf("burst-pub-%d", i+1), 30, paho.ClientConfig{
+		c, conn, _, err := harness.DialPaho(ctx, br.Addr(), fmt.Sprintf("burst-pub-%d", i+1), 30, paho.ClientConfig{
 			OnClientError: func(err error) { logger.Warn("publisher", "n", i+1, "error", err) },
 		})
 		if err != nil {

@@ -77,7 +77,7 @@ func startAckAfterMember(ctx context.Context, addr, id, filter string, index int
 	m := &ackAfterMember{index: index, service: service, queue: make(chan *paho.Publish, harness.PahoQueueCapacity),
 		processed: processed, logger: logger, workerDone: make(chan struct{})}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	c, conn, err := harness.DialPaho(ctx, addr, id, 30, paho.ClientConfig{
+	c, conn, _, err := harness.DialPaho(ctx, addr, id, 30, paho.ClientConfig{
 		OnPublishReceived:          []func(paho.PublishReceived) (bool, error){m.onPublish},
 		EnableManualAcknowledgment: true,
 		OnClientError: func(err error) {
@@ -219,7 +219,7 @@ func (r *reliabilityRunner) runCrash(ctx context.Context, system string, repeat 
 		members[i] = m
 		closers = append(closers, m.close)
 	}
-	pub, pubConn, err := harness.DialPaho(ctx, br.Addr(), "crash-pub", 30, paho.ClientConfig{})
+	pub, pubConn, _, err := harness.DialPaho(ctx, br.Addr(), "crash-pub", 30, paho.ClientConfig{})
 	if err != nil {
 		run.Error = err.Error()
 		return run

@@ -228,7 +228,7 @@ func (r *reliabilityRunner) runStuck(ctx context.Context, system, mode string, r
 	}
 	closers = append(closers, stuck.cut)
 	healthy := newDistinctCounter()
-	hc, hconn, err := harness.DialPaho(ctx, br.Addr(), "healthy-reader", 30, paho.ClientConfig{
+	hc, hconn, _, err := harness.DialPaho(ctx, br.Addr(), "healthy-reader", 30, paho.ClientConfig{
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
 			healthy.add(pr.Packet.Payload)
 			return true, nil
@@ -244,7 +244,7 @@ func (r *reliabilityRunner) runStuck(ctx context.Context, system, mode string, r
 		run.Error = err.Error()
 		return run
 	}
-	pc, pconn, err := harness.DialPaho(ctx, br.Addr(), "stuck-publisher", 30, paho.ClientConfig{
+	pc, pconn, _, err := harness.DialPaho(ctx, br.Addr(), "stuck-publisher", 30, paho.ClientConfig{
 		OnClientError: func(err error) { logger.Warn("publisher", "error", err) },
 	})
 	if err != nil {

@@ -159,7 +159,7 @@ func (m *pahoMember) Start(ctx context.Context) error {
 	if m.pinger != nil {
 		cc.PingHandler = m.pinger
 	}
-	client, ca, err := harness.PahoDial(ctx, m.cfg.Addr, m.cfg.ClientID, cc)
+	client, _, ca, err := harness.DialPaho(ctx, m.cfg.Addr, m.cfg.ClientID, 30, cc)
 	if err != nil {
 		return err
 	}

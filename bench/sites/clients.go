@@ -186,7 +186,7 @@ type mqttPublisher struct {
 const mqttPublisherInFlight = 256
 
 func dialMQTTPublisher(ctx context.Context, addr, id, topic string, ledger *publishLedger) (*mqttPublisher, error) {
-	c, conn, err := harness.DialPaho(ctx, addr, id, 30, paho.ClientConfig{})
+	c, conn, _, err := harness.DialPaho(ctx, addr, id, 30, paho.ClientConfig{})
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +301,7 @@ func dialMQTTReceiver(ctx context.Context, addr, id, filter string, index int, s
 			return true, nil
 		}},
 	}
-	c, conn, err := harness.DialPaho(ctx, addr, id, 30, cc)
+	c, conn, _, err := harness.DialPaho(ctx, addr, id, 30, cc)
 	if err != nil {
 		return nil, err
 	}

@@ -327,7 +327,7 @@ func pahoConnect(ctx context.Context, addr, id string, onPublish func(paho.Publi
 	if onPublish != nil {
 		cc.OnPublishReceived = []func(paho.PublishReceived) (bool, error){onPublish}
 	}
-	c, _, err := harness.PahoDial(ctx, addr, id, cc)
+	c, _, _, err := harness.DialPaho(ctx, addr, id, 30, cc)
 	return c, err
 }
 

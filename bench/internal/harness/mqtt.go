@@ -37,39 +37,15 @@ func DecodePayload(b []byte) (seq int, sent time.Time, ok bool) {
 // reader (back-pressure), as the SDK's full queue does.
 const PahoQueueCapacity = 10000
 
-// PahoDial opens a plain MQTT v5 client connection with cc (ClientID and
-// Conn are set here), keep-alive 30 s and Receive Maximum 65535 (no limit
-// in practice, as MQTT's default), and returns the client and its CONNACK.
-func PahoDial(ctx context.Context, addr, id string, cc paho.ClientConfig) (*paho.Client, *paho.Connack, error) {
+// DialPaho connects a plain paho.golang MQTT v5 client with cc (ClientID
+// and Conn are set here): clean start, session expiry 0, Receive Maximum
+// 65535 (no limit in practice, as MQTT's default). It returns the client,
+// its TCP connection, which the caller may close to cut the client off
+// without a DISCONNECT, and the CONNACK.
+func DialPaho(ctx context.Context, addr, id string, keepAlive uint16, cc paho.ClientConfig) (*paho.Client, net.Conn, *paho.Connack, error) {
 	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
-	}
-	cc.ClientID, cc.Conn = id, conn
-	c := paho.NewClient(cc)
-	rm := uint16(65535)
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	ca, err := c.Connect(cctx, &paho.Connect{ClientID: id, KeepAlive: 30, CleanStart: true,
-		Properties: &paho.ConnectProperties{ReceiveMaximum: &rm, RequestProblemInfo: true}})
-	if err != nil {
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("connect to %s: %w", addr, err)
-	}
-	if ca.ReasonCode != 0 {
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("connect to %s: reason code %d", addr, ca.ReasonCode)
-	}
-	return c, ca, nil
-}
-
-// DialPaho connects a paho.golang MQTT v5 client (clean start, session
-// expiry 0, Receive Maximum 65535) and returns it with its TCP connection,
-// which the caller may close to cut the client off without a DISCONNECT.
-func DialPaho(ctx context.Context, addr, id string, keepAlive uint16, cc paho.ClientConfig) (*paho.Client, net.Conn, error) {
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
+		return nil, nil, nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
 	cc.ClientID, cc.Conn = id, conn
 	c := paho.NewClient(cc)
@@ -80,13 +56,13 @@ func DialPaho(ctx context.Context, addr, id string, keepAlive uint16, cc paho.Cl
 		Properties: &paho.ConnectProperties{ReceiveMaximum: &rm, RequestProblemInfo: true}})
 	if err != nil {
 		_ = conn.Close()
-		return nil, nil, fmt.Errorf("connect %s to %s: %w", id, addr, err)
+		return nil, nil, nil, fmt.Errorf("connect %s to %s: %w", id, addr, err)
 	}
 	if ca.ReasonCode != 0 {
 		_ = conn.Close()
-		return nil, nil, fmt.Errorf("connect %s to %s: reason code 0x%02x", id, addr, ca.ReasonCode)
+		return nil, nil, nil, fmt.Errorf("connect %s to %s: reason code 0x%02x", id, addr, ca.ReasonCode)
 	}
-	return c, conn, nil
+	return c, conn, ca, nil
 }
 
 // Subscribe subscribes c to filter at qos and checks the SUBACK.
