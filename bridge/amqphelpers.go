@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/luffymq/luffymq/internal/mgmtjson"
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -123,7 +124,7 @@ func getQueue(ctx context.Context, rh *rabbithole.Client, vhost, name string) (m
 		var ch struct {
 			ConnectionName string `json:"connection_name"`
 		}
-		if json.Unmarshal(c.ChannelDetails, &ch) == nil && ch.ConnectionName != "" {
+		if mgmtjson.DecodeObject(c.ChannelDetails, &ch) && ch.ConnectionName != "" {
 			q.ConsumerConnections = append(q.ConsumerConnections, ch.ConnectionName)
 		}
 	}

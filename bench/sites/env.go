@@ -17,6 +17,7 @@ import (
 
 	"github.com/luffymq/luffymq/bench/internal/harness"
 	"github.com/luffymq/luffymq/bridge"
+	"github.com/luffymq/luffymq/internal/mgmtjson"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 	"github.com/luffymq/luffymq/internal/timeutil"
 )
@@ -478,22 +479,27 @@ func federationDeliveries(ctx context.Context, mgmtURL string) (map[string]int64
 	if len(fed) == 0 {
 		return map[string]int64{}, nil
 	}
+	// A channel whose connection is closing has "connection_details": [],
+	// and one that delivered nothing "message_stats": [].
 	var chans []struct {
-		Name    string `json:"name"`
-		Details struct {
-			Name string `json:"name"`
-		} `json:"connection_details"`
-		Stats struct {
-			DeliverGet int64 `json:"deliver_get"`
-		} `json:"message_stats"`
+		Name    string          `json:"name"`
+		Details json.RawMessage `json:"connection_details"`
+		Stats   json.RawMessage `json:"message_stats"`
 	}
 	if err := mgmtGet(ctx, mgmtURL, "/api/channels?columns=name,connection_details,message_stats", &chans); err != nil {
 		return nil, err
 	}
 	out := map[string]int64{}
 	for _, c := range chans {
-		if fed[c.Details.Name] {
-			out[c.Name] = c.Stats.DeliverGet
+		var conn struct {
+			Name string `json:"name"`
+		}
+		var stats struct {
+			DeliverGet int64 `json:"deliver_get"`
+		}
+		if mgmtjson.DecodeObject(c.Details, &conn) && fed[conn.Name] {
+			mgmtjson.DecodeObject(c.Stats, &stats)
+			out[c.Name] = stats.DeliverGet
 		}
 	}
 	return out, nil

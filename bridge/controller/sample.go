@@ -15,6 +15,7 @@ import (
 
 	"github.com/luffymq/luffymq/bridge/siteconfig"
 	"github.com/luffymq/luffymq/broker/api"
+	"github.com/luffymq/luffymq/internal/mgmtjson"
 )
 
 // counter is a cumulative RabbitMQ counter: rates are its differences
@@ -230,9 +231,7 @@ func (c channelPublishes) connection() string {
 	var d struct {
 		Name string `json:"name"`
 	}
-	if len(c.ConnectionDetails) > 0 && c.ConnectionDetails[0] == '{' {
-		_ = json.Unmarshal(c.ConnectionDetails, &d)
-	}
+	mgmtjson.DecodeObject(c.ConnectionDetails, &d)
 	return d.Name
 }
 
@@ -241,9 +240,7 @@ func (c channelPublishes) published() int64 {
 	var st struct {
 		Publish int64 `json:"publish"`
 	}
-	if len(c.MessageStats) > 0 && c.MessageStats[0] == '{' {
-		_ = json.Unmarshal(c.MessageStats, &st)
-	}
+	mgmtjson.DecodeObject(c.MessageStats, &st)
 	return st.Publish
 }
 
