@@ -71,6 +71,12 @@ const (
 	// MinRetuneInterval is the shortest RetuneInterval accepted: each
 	// retune reads the queues' depths and may call the management API.
 	MinRetuneInterval = 10 * time.Millisecond
+	// DefaultStateInterval is how often at most a broker publishes its
+	// group state with RouteNearest.
+	DefaultStateInterval = 100 * time.Millisecond
+	// MinStateInterval is the shortest StateInterval accepted: every
+	// state goes to every other site.
+	MinStateInterval = 10 * time.Millisecond
 )
 
 // WorkQueueConfig tunes work queues and the site agent. The zero value of
@@ -111,7 +117,9 @@ type WorkQueueConfig struct {
 	Route string
 	// StateInterval is how often at most a broker publishes its group
 	// state with RouteNearest (100 ms); it publishes at least every
-	// stateHeartbeatIntervals (5) intervals while nothing changes.
+	// stateHeartbeatIntervals (5) intervals while nothing changes, and
+	// the other sites take a state as stale after stateStaleIntervals
+	// (15). Shorter: fresher predictions, more WAN messages.
 	StateInterval time.Duration
 	// Federation sets the federation links created from configuration
 	// messages (ManagementURL and credentials are taken from above).
@@ -168,8 +176,8 @@ func (c WorkQueueConfig) withDefaults(amqpURL string, groups bool) (WorkQueueCon
 	default:
 		return c, fmt.Errorf("%w: wq-route %q: want %s or %s", ErrInvalidConfig, c.Route, RouteNearest, RouteRing)
 	}
-	if c.StateInterval <= 0 {
-		c.StateInterval = 100 * time.Millisecond
+	if c.StateInterval == 0 {
+		c.StateInterval = DefaultStateInterval
 	}
 	if c.DeliveryTimeout <= 0 {
 		c.DeliveryTimeout = 10 * time.Second
@@ -190,6 +198,8 @@ func (c WorkQueueConfig) checkTuning() error {
 		return fmt.Errorf("%w: wq-unacked-per-member %d is negative", ErrInvalidConfig, c.UnackedPerMember)
 	case c.RetuneInterval < 0 || (c.RetuneInterval > 0 && c.RetuneInterval < MinRetuneInterval):
 		return fmt.Errorf("%w: wq-retune-interval %v: want %v or more", ErrInvalidConfig, c.RetuneInterval, MinRetuneInterval)
+	case c.StateInterval < 0 || (c.StateInterval > 0 && c.StateInterval < MinStateInterval):
+		return fmt.Errorf("%w: wq-state-interval %v: want %v or more", ErrInvalidConfig, c.StateInterval, MinStateInterval)
 	}
 	return nil
 }

@@ -33,6 +33,7 @@ func TestWQConfigTuning(t *testing.T) {
 	require.Equal(t, 600, capa.MaxLength)
 	require.Equal(t, 100*time.Millisecond, capa.TTL)
 	require.Equal(t, RouteRing, c.Route, "default routing")
+	require.Equal(t, DefaultStateInterval, c.StateInterval)
 	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteRing}, "berlin", "b1"))
 	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteNearest, TTLOverflowOnly: true}, "berlin", "b1"), "the thesis's rule routes nothing at publish")
 
@@ -47,6 +48,8 @@ func TestWQConfigTuning(t *testing.T) {
 		{WorkQueueConfig{RetuneInterval: -time.Second}, "wq-retune-interval -1s: want 10ms or more"},
 		{WorkQueueConfig{RetuneInterval: time.Millisecond}, "wq-retune-interval 1ms: want 10ms or more"},
 		{WorkQueueConfig{Route: "closest"}, `wq-route "closest": want nearest or ring`},
+		{WorkQueueConfig{StateInterval: -time.Second}, "wq-state-interval -1s: want 10ms or more"},
+		{WorkQueueConfig{StateInterval: time.Millisecond}, "wq-state-interval 1ms: want 10ms or more"},
 	} {
 		_, err := tt.cfg.withDefaults("amqp://127.0.0.1/", false)
 		require.ErrorIs(t, err, ErrInvalidConfig)

@@ -123,6 +123,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	wqTTLOnly := fs.Bool("wq-ttl-overflow-only", false, "with --export-group: keep the thesis's rule, a local publish always waits in wq.<group> until its TTL expires before it overflows; by default a publish that the local members would not start within the TTL overflows at once")
 	wqRoute := fs.String("wq-route", bridge.RouteRing, "with --export-group: where a local publish that leaves the site goes: ring (the dead-letter exchange's consistent-hash ring, by eq. 2.13's weights, once the local members would not start it within the TTL) or nearest (experimental: each site publishes its group state about every 100 ms over federation, and a publish goes straight to the site whose members would start it soonest, one-way delay included, or waits in the work queue (TTL 10 s) until another site's state shows members that would start it sooner; the ring stays for TTL expiries and while no state is fresh); no effect with --wq-ttl-overflow-only")
 	wqUnacked := fs.Int("wq-unacked-per-member", bridge.DefaultUnackedPerMember, "with --export-group: most work-queue messages taken from RabbitMQ and not yet acknowledged, per online member")
+	wqStateInterval := fs.Duration("wq-state-interval", bridge.DefaultStateInterval, "with --export-group and --wq-route nearest: how often at most a broker publishes its group state to the other sites while it changes (every 5 intervals while it does not; a state older than 15 intervals is stale); shorter gives fresher predictions for more WAN messages (10ms or more)")
 	wqRetune := fs.Duration("wq-retune-interval", bridge.DefaultRetuneInterval, "with --export-group: how often the work queue's TTL, max length and overflow weights are recomputed from the members' load (10ms or more)")
 	fs.Var(&exports, "export", "MQTT filter shared with the other sites through RabbitMQ (repeatable or comma-separated), e.g. sensors/#")
 	fs.Var(&exportGroups, "export-group", "shared subscription $share/<group>/<filter> served as a work queue wq.<group> across sites (repeatable; needs --amqp-management-url)")
@@ -175,7 +176,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	for _, d := range []struct {
 		name  string
 		value time.Duration
-	}{{"wq-ttl-per-member", *wqTTL}, {"wq-retune-interval", *wqRetune}} {
+	}{{"wq-ttl-per-member", *wqTTL}, {"wq-retune-interval", *wqRetune}, {"wq-state-interval", *wqStateInterval}} {
 		if d.value <= 0 {
 			return Config{}, fmt.Errorf("%w: %s %v must be positive", ErrInvalidConfig, d.name, d.value)
 		}
@@ -230,7 +231,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	cfg.WorkQueue.TTLPerMember, cfg.WorkQueue.MaxLengthPerMember = *wqTTL, *wqMaxLength
 	cfg.WorkQueue.UnackedPerMember, cfg.WorkQueue.RetuneInterval = *wqUnacked, *wqRetune
 	cfg.WorkQueue.TTLOverflowOnly = *wqTTLOnly
-	cfg.WorkQueue.Route = *wqRoute
+	cfg.WorkQueue.Route, cfg.WorkQueue.StateInterval = *wqRoute, *wqStateInterval
 	cfg.Fsync = *fsync
 	cfg.HoldLead = *holdLead
 	cfg.AckTimeout = *ackTimeout

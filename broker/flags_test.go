@@ -59,6 +59,8 @@ func TestConfigFromArgsRejectsBadInputInOneLine(t *testing.T) {
 		{"negative wq unacked", []string{"--wq-unacked-per-member", "-1"}, "wq-unacked-per-member -1 must be positive"},
 		{"zero wq retune", []string{"--wq-retune-interval", "0s"}, "wq-retune-interval 0s must be positive"},
 		{"tiny wq retune", append(bridged, "--wq-retune-interval", "1ms"), "wq-retune-interval 1ms: want 10ms or more"},
+		{"zero wq state interval", []string{"--wq-state-interval", "0s"}, "wq-state-interval 0s must be positive"},
+		{"tiny wq state interval", append(bridged, "--wq-state-interval", "5ms"), "wq-state-interval 5ms: want 10ms or more"},
 		{"negative gc percent", []string{"--gc-percent", "-1"}, "gc-percent -1 must be 0 (Go's own setting) or from 10 to 10000"},
 		{"huge gc percent", []string{"--gc-percent", "20000"}, "gc-percent 20000 must be 0"},
 	}
@@ -83,14 +85,16 @@ func TestConfigWorkQueueFlags(t *testing.T) {
 	require.Equal(t, 3000, cfg.WorkQueue.MaxLengthPerMember)
 	require.Equal(t, 2, cfg.WorkQueue.UnackedPerMember)
 	require.Equal(t, time.Second, cfg.WorkQueue.RetuneInterval)
+	require.Equal(t, 100*time.Millisecond, cfg.WorkQueue.StateInterval)
 
 	cfg, err = ConfigFromArgs([]string{"--wq-ttl-per-member", "50ms", "--wq-max-length-per-member", "300",
-		"--wq-unacked-per-member", "1", "--wq-retune-interval", "100ms"}, io.Discard, io.Discard)
+		"--wq-unacked-per-member", "1", "--wq-retune-interval", "100ms", "--wq-state-interval", "250ms"}, io.Discard, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, 50*time.Millisecond, cfg.WorkQueue.TTLPerMember)
 	require.Equal(t, 300, cfg.WorkQueue.MaxLengthPerMember)
 	require.Equal(t, 1, cfg.WorkQueue.UnackedPerMember)
 	require.Equal(t, 100*time.Millisecond, cfg.WorkQueue.RetuneInterval)
+	require.Equal(t, 250*time.Millisecond, cfg.WorkQueue.StateInterval)
 
 	file := filepath.Join(t.TempDir(), "luffymq.yaml")
 	require.NoError(t, os.WriteFile(file, []byte("wq-ttl-per-member: 20ms\nwq-unacked-per-member: 4\n"), 0o600))
