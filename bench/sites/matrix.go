@@ -18,6 +18,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/luffymq/luffymq/bench/internal/harness"
+	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/internal/rabbitharness"
 )
 
@@ -64,6 +65,8 @@ type SitesMatrixConfig struct {
 	MinDuration  time.Duration `json:"min_duration_ns"`
 	// Primary is the luffymq architecture the goals are checked for.
 	Primary string `json:"primary"`
+	// WQStateInterval is SitesConfig.WQStateInterval for every cell.
+	WQStateInterval time.Duration `json:"wq_state_interval_ns,omitempty"`
 	// LuffyMQ is the luffymq binary ("" builds ./cmd/luffymq).
 	LuffyMQ  string    `json:"-"`
 	Out      string    `json:"-"`
@@ -125,7 +128,7 @@ func (c SitesMatrixConfig) cellConfig(t SitesTopology, scale float64, repeat int
 	cfg.Scenarios, cfg.Architectures = slices.Clone(c.Scenarios), slices.Clone(c.Architectures)
 	cfg.ServiceTime = time.Duration(float64(time.Second) / scale).Round(time.Millisecond)
 	cfg.WQDuration = c.duration(scale)
-	cfg.LuffyMQ, cfg.Progress = c.LuffyMQ, c.Progress
+	cfg.LuffyMQ, cfg.Progress, cfg.WQStateInterval = c.LuffyMQ, c.Progress, c.WQStateInterval
 	cfg.Out = filepath.Join(c.Out, "runs", fmt.Sprintf("%s-%sx-r%d", t.Name, harness.TrimFloat(scale), repeat+1))
 	return cfg
 }
@@ -558,6 +561,7 @@ func sitesMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	repeat := fs.Int("repeat", d.Repeat, "runs per cell (medians are reported)")
 	serviceTimes := fs.Float64("service-times", d.ServiceTimes, "publishing time of each run, in service times")
 	minDur := fs.Duration("min-duration", d.MinDuration, "shortest publishing time of a run")
+	wqState := fs.Duration("wq-state-interval", 0, "luffymq's "+flagWQStateInterval+" for "+ArchLuffyMQNearest+" (0: its default, "+bridge.DefaultStateInterval.String()+", not scaled)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -582,7 +586,7 @@ func sitesMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		cfg.Scales = append(cfg.Scales, v)
 	}
 	cfg.Scenarios, cfg.Architectures, cfg.Primary = harness.SplitList(*scenarios), harness.SplitList(*archs), *primary
-	cfg.Repeat, cfg.ServiceTimes, cfg.MinDuration = *repeat, *serviceTimes, *minDur
+	cfg.Repeat, cfg.ServiceTimes, cfg.MinDuration, cfg.WQStateInterval = *repeat, *serviceTimes, *minDur, *wqState
 	cfg.Out, cfg.LuffyMQ, cfg.Progress = *out, *luffymq, stdout
 	return RunSitesMatrix(ctx, cfg)
 }

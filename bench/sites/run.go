@@ -406,6 +406,9 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 			args = append(args, flagWQTTLOnly)
 		case ArchLuffyMQNearest:
 			args = append(args, flagWQRoute, bridge.RouteNearest)
+			if r.cfg.WQStateInterval > 0 {
+				args = append(args, flagWQStateInterval, r.cfg.WQStateInterval.String())
+			}
 		}
 		for i, s := range w.Sites {
 			b, err := r.env.startSiteBroker(ctx, s, logName(run), args...)

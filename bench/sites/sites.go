@@ -67,6 +67,10 @@ type SitesConfig struct {
 	WQMaxLengthPerMember int           `json:"wq_max_length_per_member"`
 	WQUnackedPerMember   int           `json:"wq_unacked_per_member"`
 	WQRetuneInterval     time.Duration `json:"wq_retune_interval_ns"`
+	// WQStateInterval is given to luffymq-nearest's brokers
+	// (--wq-state-interval) when not zero; zero keeps the binary's
+	// default, not scaled.
+	WQStateInterval time.Duration `json:"wq_state_interval_ns,omitempty"`
 	// LuffyMQ is the luffymq binary ("" builds ./cmd/luffymq).
 	LuffyMQ string `json:"-"`
 	// Controller is the luffy-controller binary of the reconfig runs (""
@@ -161,6 +165,9 @@ const (
 	flagWQRetune    = "--wq-retune-interval"
 	flagWQTTLOnly   = "--wq-ttl-overflow-only"
 	flagWQRoute     = "--wq-route"
+	// flagWQStateInterval is given only when SitesConfig.WQStateInterval
+	// is set.
+	flagWQStateInterval = "--wq-state-interval"
 )
 
 // errWQFlagsUnsupported reports a luffymq binary without the work-queue
@@ -256,6 +263,9 @@ func (c SitesConfig) validate() error {
 	}
 	if wq.WQMaxLengthPerMember < 0 || wq.WQUnackedPerMember < 0 {
 		return fmt.Errorf("%s %d, %s %d: want positive counts (0: luffymq's default)", flagWQMaxLength, wq.WQMaxLengthPerMember, flagWQUnacked, wq.WQUnackedPerMember)
+	}
+	if c.WQStateInterval != 0 && c.WQStateInterval < bridge.MinStateInterval {
+		return fmt.Errorf("%s %s: want %s or more (0: luffymq's default)", flagWQStateInterval, c.WQStateInterval, bridge.MinStateInterval)
 	}
 	return nil
 }
@@ -613,6 +623,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	wqMaxLength := fs.Int("wq-max-length-per-member", 0, fmt.Sprintf("luffymq's %s (0: its default, %d)", flagWQMaxLength, bridge.DefaultMaxLengthPerMember))
 	wqUnacked := fs.Int("wq-unacked-per-member", 0, fmt.Sprintf("luffymq's %s (0: its default, %d)", flagWQUnacked, bridge.DefaultUnackedPerMember))
 	wqRetune := fs.Duration("wq-retune-interval", 0, "luffymq's "+flagWQRetune+" (0: its default, "+bridge.DefaultRetuneInterval.String()+", not scaled)")
+	wqState := fs.Duration("wq-state-interval", 0, "luffymq's "+flagWQStateInterval+" for "+ArchLuffyMQNearest+" (0: its default, "+bridge.DefaultStateInterval.String()+", not scaled)")
 	trace := fs.Bool("trace", false, "write trace-<scenario>-<architecture>.csv per work-queue run in --out: each message's origin, publish time, the site that started it and when (LUFFY_BENCH_SITES_LOG_LEVEL=debug adds luffymq's route choices, with the router's inputs, to logs/)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -631,6 +642,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	cfg.WQDuration, cfg.PSDuration, cfg.PhaseDuration, cfg.ReconfigPeriod = *wqDur, *psDur, *phase, *period
 	cfg.Lambda, cfg.DrainTimeout, cfg.Window, cfg.Seed = *lambda, *drain, *window, sd
 	cfg.WQTTLPerMember, cfg.WQMaxLengthPerMember, cfg.WQUnackedPerMember, cfg.WQRetuneInterval = *wqTTL, *wqMaxLength, *wqUnacked, *wqRetune
+	cfg.WQStateInterval = *wqState
 	return RunSites(ctx, cfg)
 }
 

@@ -402,6 +402,8 @@ func TestSitesConfigValidation(t *testing.T) {
 		func(c *SitesConfig) { c.WQRetuneInterval = 5 * time.Millisecond },
 		func(c *SitesConfig) { c.WQMaxLengthPerMember = -1 },
 		func(c *SitesConfig) { c.WQUnackedPerMember = -1 },
+		func(c *SitesConfig) { c.WQStateInterval = time.Millisecond },
+		func(c *SitesConfig) { c.WQStateInterval = -time.Second },
 	} {
 		cc := c
 		bad(&cc)
