@@ -83,6 +83,7 @@ func argString(args map[string]interface{}, k string) string {
 type managedQueue struct {
 	Name      string                 `json:"name"`
 	Arguments map[string]interface{} `json:"arguments"`
+	Consumers int                    `json:"consumers"`
 	// ConsumerConnections names the connection of each consumer whose
 	// channel the management API knows.
 	ConsumerConnections []string `json:"-"`

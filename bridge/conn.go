@@ -218,6 +218,8 @@ func (b *Bridge) workQueueLoops(conn *amqp.Connection) ([]func(context.Context) 
 				loops = append(loops,
 					func(c context.Context) error { return b.stateLoop(c, conn, g) },
 					func(c context.Context) error { return b.reclaimLoop(c, conn, g) })
+			} else if b.rh != nil {
+				loops = append(loops, func(c context.Context) error { return b.ringReclaimLoop(c, conn, g) })
 			}
 		}
 	}

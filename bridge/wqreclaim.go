@@ -1,6 +1,7 @@
 package bridge
 
-// Taking back what waits for a dead site (--wq-route nearest, issue 22).
+// Taking back what waits for a dead site (issue 22): by the states with
+// --wq-route nearest, by the links with the ring (ringReclaimLoop, below).
 //
 // A message routed to another site waits, until that site's federation
 // link takes it, in the link's queue on this site's node
@@ -275,6 +276,8 @@ func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *wor
 		// The broker that booked it unbooks it: this one now, another
 		// one of the site once it reads the count in this one's state.
 		switch by, _ := d.Headers[headerBookedBy].(string); by {
+		case "":
+			b.stats.wqReclaimed(g.name, site, "")
 		case b.cfg.BrokerID:
 			g.router.Unbook(site)
 			c.unbooked++
@@ -284,4 +287,136 @@ func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *wor
 		}
 	}
 	return nil
+}
+
+// Taking back what waits for a dead site with the ring (--wq-route ring,
+// the default). No states say that a site went silent, so its links
+// say it: the hash ring keeps sending the site its share, into this
+// node's link queue of wq.<g>.dlx towards the site's node, and only that
+// site's federation link consumes the queue. Once every link queue
+// towards a site has had no consumer for ringReclaimAfter — far longer
+// than a link's reconnection (1 s apart) or a cut link's blip — the site
+// is taken for dead and what waits for it is taken back into the local
+// intake (reclaimSite), redelivered messages included: a link that took
+// one and gave it back may have handed it over, and a copy processed
+// twice carries one message ID (at-least-once).
+const (
+	ringReclaimAfter = 15 * time.Second
+	// ringReclaimCheck is how often the link queues are looked at
+	// (through the management API).
+	ringReclaimCheck = 5 * time.Second
+)
+
+// ringReclaimLoop takes back, while this broker retunes group g and
+// routes by the ring, what waits in this node's link queues for a site
+// whose links stopped consuming them.
+func (b *Bridge) ringReclaimLoop(ctx context.Context, conn *amqp.Connection, g *workGroup) error {
+	tick := time.NewTicker(ringReclaimCheck)
+	defer tick.Stop()
+	unconsumedSince := map[string]time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if !b.RetuneOwner(g.name) {
+			clear(unconsumedSince)
+			continue
+		}
+		sites, err := b.linkedSites(RouteExchangeName(g.name))
+		if err != nil {
+			b.log.Warn("bridge: listing the sites linked to a work queue failed; will try again", "queue", g.queue(), "error", err)
+			continue
+		}
+		now := time.Now()
+		for site := range unconsumedSince {
+			if !slices.Contains(sites, site) {
+				delete(unconsumedSince, site)
+			}
+		}
+		for _, site := range sites {
+			consumed, err := b.linkQueuesConsumed(ctx, g, site)
+			if err != nil {
+				b.log.Warn("bridge: reading the link queues towards a site failed; will try again", "queue", g.queue(), "site", site, "error", err)
+				continue
+			}
+			if consumed {
+				delete(unconsumedSince, site)
+				continue
+			}
+			since, seen := unconsumedSince[site]
+			if !seen {
+				unconsumedSince[site] = now
+				continue
+			}
+			if now.Sub(since) < ringReclaimAfter {
+				continue
+			}
+			c, err := b.reclaimSite(ctx, conn, g, site, true)
+			if c.work > 0 {
+				b.log.Info("bridge: took back what waited for a site whose federation links stopped consuming", "queue", g.queue(),
+					"site", site, "reclaimed", c.work, "silent_for", now.Sub(since).Round(time.Second), "link_queues", c.queues)
+				b.wake()
+			}
+			if err != nil {
+				if conn.IsClosed() {
+					return err
+				}
+				b.log.Warn("bridge: taking back what waits for a silent site failed; will try again", "queue", g.queue(), "site", site, "error", err)
+			}
+		}
+	}
+}
+
+// linkedSites lists the other sites that x's federation links carry
+// messages to: the keys of its bindings to x-federation-upstream exchanges
+// (each site's intake binds its own name).
+func (b *Bridge) linkedSites(x string) ([]string, error) {
+	bs, err := b.rh.ListExchangeBindingsWithSource(b.vhost(), x)
+	if err != nil {
+		return nil, fmt.Errorf("listing bindings of %s: %w", x, err)
+	}
+	var sites []string
+	for _, bd := range bs {
+		if bd.DestinationType == "exchange" && bd.RoutingKey != "" && bd.RoutingKey != b.cfg.Site && bd.RoutingKey != StateRoutingKey &&
+			!slices.Contains(sites, bd.RoutingKey) {
+			sites = append(sites, bd.RoutingKey)
+		}
+	}
+	return sites, nil
+}
+
+// linkQueuesConsumed reports whether some link queue of g towards site
+// (routed work and the hash ring's) has a consumer; a site without any
+// such queue counts as consumed: there is nothing to take back.
+func (b *Bridge) linkQueuesConsumed(ctx context.Context, g *workGroup, site string) (bool, error) {
+	links, err := b.linksTo(RouteExchangeName(g.name), site)
+	if err != nil {
+		return false, err
+	}
+	queues := 0
+	for _, l := range links {
+		for _, req := range []conserveRequest{l, {Exchange: DeadLetterExchangeName(g.name), LocalExchange: IntakeExchangeName(g.name),
+			Downstream: l.Downstream, DownstreamVhost: l.DownstreamVhost}} {
+			held, err := b.locateHeld(ctx, req)
+			if err != nil {
+				return false, err
+			}
+			for _, h := range held {
+				q, err := getQueue(ctx, b.rh, b.vhost(), h.queue)
+				if isNotFound(err) {
+					continue
+				}
+				if err != nil {
+					return false, err
+				}
+				queues++
+				if q.Consumers > 0 {
+					return true, nil
+				}
+			}
+		}
+	}
+	return queues == 0, nil
 }

@@ -265,4 +265,56 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 		require.Positive(t, late)
 		require.Less(t, 10*atBerlin, late, "%d of the %d messages published after berlin died went to berlin", atBerlin, late)
 	})
+
+	t.Run("with the ring, a dead site's share is taken back and processed elsewhere", func(t *testing.T) {
+		// The default routing: what Tunis's members would not start
+		// within the TTL goes to the hash ring, which gives Berlin its
+		// share by weight. Berlin's node is killed and its broker
+		// stopped 1 s into publishing; nothing tells the ring, which
+		// keeps sending Berlin its share into Tunis's link queue towards
+		// Berlin's node. Once that queue has had no consumer for
+		// ringReclaimAfter (15 s), Tunis's broker takes it back into its
+		// intake, and every message is processed while Berlin is dead
+		// (without that, a third of them waited for Berlin, up to the
+		// link queue's 1 h TTL). Berlin's node is restarted at the end.
+		const messages = 140
+		const bound = 40 * time.Second // 15 s without a consumer, checks 5 s apart, a loaded machine
+		var missing int
+		var reclaimed uint64
+		r := runRouting(t, h, routeSetup{group: "rring", route: bridge.RouteRing, messages: messages, rate: 20, workers: workers(),
+			during: func(t *testing.T, run *routeRun) {
+				time.Sleep(time.Second)
+				if err := run.h.KillNode("berlin"); err != nil {
+					t.Error(err)
+					return
+				}
+				_ = run.brokers["berlin"].Close()
+				<-run.published
+				publishedAt := time.Now()
+				count := func() int {
+					run.tl.mu.Lock()
+					defer run.tl.mu.Unlock()
+					n := 0
+					for seq := range messages {
+						if run.tl.bySeq[seq] > 0 {
+							n++
+						}
+					}
+					return n
+				}
+				for count() < messages && time.Since(publishedAt) < bound {
+					time.Sleep(100 * time.Millisecond)
+				}
+				missing = messages - count()
+				reclaimed = run.brokers["tunis"].Bridge().WorkQueueStats()["rring"].Reclaimed["berlin"]
+				t.Logf("rring: %d of %d processed %v after the end of publishing with berlin dead; %d taken back from the link queues towards berlin",
+					messages-missing, messages, time.Since(publishedAt).Round(time.Millisecond), reclaimed)
+				if err := run.h.RestartNode(context.Background(), "berlin"); err != nil {
+					t.Error(err)
+				}
+			}})
+		checkExactlyOnce(t, r)
+		require.Zero(t, missing, "%d of tunis's messages waited for dead berlin", missing)
+		require.Positive(t, reclaimed, "nothing was taken back from the link queues towards berlin")
+	})
 }
