@@ -95,12 +95,11 @@ func (b *Bridge) reclaimLoop(ctx context.Context, conn *amqp.Connection, g *work
 	every := map[string]time.Duration{} // and the pause until its next
 	var silent []string
 	for {
-		select {
-		case <-ctx.Done():
+		owner, ok := b.ownerTick(ctx, tick, g)
+		if !ok {
 			return nil
-		case <-tick.C:
 		}
-		if !b.RetuneOwner(g.name) {
+		if !owner {
 			clear(last)
 			clear(every)
 			continue
@@ -315,12 +314,11 @@ func (b *Bridge) ringReclaimLoop(ctx context.Context, conn *amqp.Connection, g *
 	defer tick.Stop()
 	unconsumedSince := map[string]time.Time{}
 	for {
-		select {
-		case <-ctx.Done():
+		owner, ok := b.ownerTick(ctx, tick, g)
+		if !ok {
 			return nil
-		case <-tick.C:
 		}
-		if !b.RetuneOwner(g.name) {
+		if !owner {
 			clear(unconsumedSince)
 			continue
 		}
@@ -419,4 +417,16 @@ func (b *Bridge) linkQueuesConsumed(ctx context.Context, g *workGroup, site stri
 		}
 	}
 	return queues == 0, nil
+}
+
+// ownerTick waits for tick's next tick and reports whether this broker
+// then retunes group g for its site (only that broker takes back); ok is
+// false once ctx ends.
+func (b *Bridge) ownerTick(ctx context.Context, tick *time.Ticker, g *workGroup) (owner, ok bool) {
+	select {
+	case <-ctx.Done():
+		return false, false
+	case <-tick.C:
+	}
+	return b.RetuneOwner(g.name), true
 }
