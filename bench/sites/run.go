@@ -340,6 +340,19 @@ func waitUntil(ctx context.Context, timeout time.Duration, what string, cond fun
 	return nil
 }
 
+// endSetup lets the warm-up settle, then records the run's running
+// federation links and how long its setup took from began.
+func (r *sitesRunner) endSetup(ctx context.Context, run *SitesRun, began time.Time) error {
+	timeutil.Sleep(ctx, settleTime)
+	links, _, err := r.env.runningLinks(ctx)
+	if err != nil {
+		return err
+	}
+	run.FederationLinks = links
+	run.SetupSeconds = time.Since(began).Seconds()
+	return nil
+}
+
 // drainQuiet ends the wait for the last messages of a run once none
 // arrived for this long after publishing; reconfigDrainQuiet is longer,
 // for messages held by a link removed at the end of a reconfig run and
@@ -526,13 +539,9 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 	if err := probe(ctx, pubs, rec.anyProbeFrom, 60*time.Second); err != nil {
 		return err
 	}
-	timeutil.Sleep(ctx, settleTime)
-	links, _, err := r.env.runningLinks(ctx)
-	if err != nil {
+	if err := r.endSetup(ctx, run, setupBegan); err != nil {
 		return err
 	}
-	run.FederationLinks = links
-	run.SetupSeconds = time.Since(setupBegan).Seconds()
 
 	arrivals := w.Arrivals(r.cfg.Seed)
 	m := r.publishAll(ctx, drainQuiet, len(arrivals), func(i int) time.Duration { return arrivals[i].At },
@@ -733,13 +742,9 @@ func (r *sitesRunner) runPS(ctx context.Context, run *SitesRun, w psWorkload) er
 	}, 60*time.Second); err != nil {
 		return err
 	}
-	timeutil.Sleep(ctx, settleTime)
-	links, _, err := r.env.runningLinks(ctx)
-	if err != nil {
+	if err := r.endSetup(ctx, run, setupBegan); err != nil {
 		return err
 	}
-	run.FederationLinks = links
-	run.SetupSeconds = time.Since(setupBegan).Seconds()
 
 	arrivals := w.Arrivals(r.cfg.Seed)
 	var during func(time.Time) func()

@@ -97,8 +97,6 @@ func FmtMs(v float64) string {
 	switch {
 	case math.IsNaN(v):
 		return "—"
-	case v >= 1000:
-		return fmt.Sprintf("%.0f", v)
 	case v >= 100:
 		return fmt.Sprintf("%.0f", v)
 	case v >= 10:
