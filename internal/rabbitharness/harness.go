@@ -53,6 +53,7 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // ServerPath is where the Debian package installs the RabbitMQ start script.
@@ -124,9 +125,12 @@ type Node struct {
 	dir                          string
 	marker                       string // markerEnv's value in its processes
 
-	mu     sync.Mutex // guards cmd and exited across KillNode and RestartNode
+	mu     sync.Mutex // guards cmd, exited and closedLog
 	cmd    *exec.Cmd
 	exited chan struct{}
+	// closedLog is the log tail kept when Close removed the node's
+	// directory, so a test that fails after closing can still show it.
+	closedLog string
 }
 
 // Available reports whether rabbitmq-server is installed.
@@ -348,7 +352,7 @@ collect_statistics_interval = 1000
 	return n.waitReady(ctx, exited)
 }
 
-// waitReady polls the management API and the AMQP port until both answer.
+// waitReady polls the management API and an AMQP login until both succeed.
 func (n *Node) waitReady(ctx context.Context, exited <-chan struct{}) error {
 	client := &http.Client{Timeout: 2 * time.Second}
 	tick := time.NewTicker(200 * time.Millisecond)
@@ -381,11 +385,14 @@ func (n *Node) ready(ctx context.Context, client *http.Client) bool {
 	if resp.StatusCode != http.StatusOK {
 		return false
 	}
-	c, err := net.DialTimeout("tcp", n.AMQPAddr(), time.Second)
+	// A listening port is not enough: a node can accept TCP and still drop
+	// its first logins (one CI run got EOF from the first amqp.Dial after
+	// the management API answered). Ready means an AMQP login succeeds.
+	conn, err := amqp.DialConfig(n.AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
 	if err != nil {
 		return false
 	}
-	_ = c.Close()
+	_ = conn.Close()
 	return true
 }
 
@@ -425,11 +432,20 @@ func (n *Node) logErrors(max int) string {
 	return b.String()
 }
 
-// LogTail returns the last max bytes of the node's main log.
+// keptLogTail is how much of each node's log Close keeps for LogTail.
+const keptLogTail = 8000
+
+// LogTail returns the last max bytes of the node's main log (after Close,
+// of what Close kept).
 func (n *Node) LogTail(max int) string {
 	data, err := os.ReadFile(filepath.Join(n.dir, "log", n.Name+".log"))
 	if err != nil {
-		data, _ = os.ReadFile(filepath.Join(n.dir, "stdout.log"))
+		data, err = os.ReadFile(filepath.Join(n.dir, "stdout.log"))
+	}
+	if err != nil {
+		n.mu.Lock()
+		data = []byte(n.closedLog)
+		n.mu.Unlock()
 	}
 	if len(data) > max {
 		data = data[len(data)-max:]
@@ -468,6 +484,14 @@ func (h *Harness) Close() error {
 		}
 	}
 	err := killMarked(func(v string) bool { return v == h.marker || strings.HasPrefix(v, h.marker+"-") })
+	if h.ownDir {
+		for _, n := range h.nodes {
+			tail := n.LogTail(keptLogTail)
+			n.mu.Lock()
+			n.closedLog = tail
+			n.mu.Unlock()
+		}
+	}
 	h.cleanupDir()
 	return err
 }

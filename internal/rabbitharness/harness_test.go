@@ -242,6 +242,8 @@ func TestKillRestartNode(t *testing.T) {
 	require.NoError(t, h.KillNode("berlin"))
 	require.NoError(t, h.Close())
 	require.Empty(t, markedPIDs(func(v string) bool { return strings.HasPrefix(v, h.marker) }), "a process survived Close after a restart and a kill")
+	require.NoDirExists(t, h.dir)
+	require.Contains(t, h.Node("tunis").LogTail(keptLogTail), "Server startup complete", "Close keeps the log tails for a failure reported after it")
 }
 
 // amqpChannel opens a channel to url, closed with its connection when t
