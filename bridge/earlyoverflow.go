@@ -39,6 +39,8 @@ type overflowView struct {
 	overflowed int
 	// taken counts the messages the consume loop took from RabbitMQ.
 	taken uint64
+	// published is when decide last saw a local publish.
+	published time.Time
 	// site is scratch space for the members of the whole site: these
 	// and, with a router, the other brokers' of this site (siteMembers).
 	site []scoring.MemberSnapshot
@@ -149,6 +151,7 @@ func (v *overflowView) localStart(now time.Time, router *wqroute.Router, ahead i
 func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.published = now
 	if v.members != nil {
 		limit := v.ttl
 		if router != nil {
@@ -172,6 +175,25 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	}
 	v.readyWork++
 	return decision{}
+}
+
+// demandInputs returns what the router's Demand weighs: how long from
+// now the local members would start a message published now (the TTL
+// when that cannot be said), and how many messages wait in wq.<g>. A
+// broker that saw no local publish within the last recent has nothing
+// to route: its start is 0 whatever its members do (they may be busy
+// with other sites' messages).
+func (v *overflowView) demandInputs(now time.Time, router *wqroute.Router, recent time.Duration) (time.Duration, int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.published.IsZero() || now.Sub(v.published) > recent {
+		return 0, v.readyWork
+	}
+	wait, ok := v.localStart(now, router, v.readyWork+v.readyIntake, max(v.ttl, maxLocalPrediction))
+	if !ok {
+		wait = v.ttl
+	}
+	return wait, v.readyWork
 }
 
 // allTimed reports whether every online member has a service estimate

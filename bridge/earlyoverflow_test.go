@@ -247,3 +247,25 @@ func TestOverflowViewDecideUnpredictableLocal(t *testing.T) {
 		t.Fatalf("near starts it within the TTL: %+v, want near", d)
 	}
 }
+
+func TestOverflowViewDemandInputs(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Unix(1000, 0)
+	r := wqroute.NewRouter(wqroute.Config{Site: "tunis", Broker: "tunis-1"})
+	var v overflowView
+	// Members busy with other sites' messages, but no local publish: no
+	// message of this site to route.
+	v.setMembers([]scoring.MemberSnapshot{member(80*ms, 100*ms)}, 150*ms, now)
+	if start, held := v.demandInputs(now, r, 3*time.Second); start != 0 || held != 0 {
+		t.Fatalf("demandInputs without a local publish = %v, %d; want 0, 0", start, held)
+	}
+	v.decide(now, r) // stays: held in wq.<g>
+	start, held := v.demandInputs(now.Add(10*ms), r, 3*time.Second)
+	if held != 1 || start != 170*ms {
+		t.Fatalf("demandInputs after a publish = %v, %d; want 170ms (70 ms left, then the held one), 1", start, held)
+	}
+	v.setReady(0, 0)
+	if start, _ := v.demandInputs(now.Add(3*time.Second+ms), r, 3*time.Second); start != 0 {
+		t.Fatalf("demandInputs 3 s after the last local publish = %v, want 0", start)
+	}
+}

@@ -137,13 +137,17 @@ type wqCounters struct {
 	// siblingsReclaimed splits the part of reclaimed that another broker
 	// of this site had booked, by that broker and by site (State.Unbooked).
 	siblingsReclaimed map[string]map[string]uint64
+	// statesTo counts the states sent to each other site (on its
+	// request); wants, the requests for states this broker sent.
+	statesTo map[string]uint64
+	wants    uint64
 }
 
 func (s *stats) wqGroup(g string) *wqCounters {
 	c := s.wq[g]
 	if c == nil {
 		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}, routedFrom: map[string]uint64{},
-			reclaimed: map[string]uint64{}}
+			reclaimed: map[string]uint64{}, statesTo: map[string]uint64{}}
 		s.wq[g] = c
 	}
 	return c
@@ -158,6 +162,20 @@ func (s *stats) wqReceived(g string, src wqSource) {
 func (s *stats) wqOverflowAtPublish(g string) {
 	s.mu.Lock()
 	s.wqGroup(g).atPublish++
+	s.mu.Unlock()
+}
+
+// wqStateSent counts a state sent to another site.
+func (s *stats) wqStateSent(g, site string) {
+	s.mu.Lock()
+	s.wqGroup(g).statesTo[site]++
+	s.mu.Unlock()
+}
+
+// wqWantSent counts a request for the other sites' states.
+func (s *stats) wqWantSent(g string) {
+	s.mu.Lock()
+	s.wqGroup(g).wants++
 	s.mu.Unlock()
 }
 
@@ -250,6 +268,13 @@ type WorkQueueStats struct {
 	// StatesFresh counts the other sites whose group state is fresh and
 	// predictable: those --wq-route nearest may send publishes to.
 	StatesFresh int
+	// StatesWanted is true while this broker asks the other sites for
+	// their states (wqroute.Router.Demand): they come only on demand.
+	StatesWanted bool
+	// StatesTo counts, by site, the states this broker sent to another
+	// site at its request; WantsSent, the requests for states it sent.
+	StatesTo  map[string]uint64
+	WantsSent uint64
 	// MaxLength, TTL and Weight are what the last retune applied.
 	MaxLength int
 	TTL       time.Duration
@@ -268,6 +293,7 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 		if g.router != nil {
 			w := out[g.name]
 			w.StatesFresh = g.router.FreshSites(time.Now())
+			w.StatesWanted = g.router.Wanting()
 			out[g.name] = w
 		}
 	}
@@ -285,6 +311,7 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 		}
 		w.RoutedTo = maps.Clone(c.routedTo)
 		w.Reclaimed = maps.Clone(c.reclaimed)
+		w.StatesTo, w.WantsSent = maps.Clone(c.statesTo), c.wants
 		out[g] = w
 	}
 	s.mu.Unlock()

@@ -26,9 +26,24 @@ const (
 	HeaderTopic = "x-mqtt-topic"
 )
 
-// StateRoutingKey is the routing key of the group states each site
-// publishes on RouteExchangeName; every broker of every site binds it.
-const StateRoutingKey = "luffymq.state"
+// Routing keys of the messages on RouteExchangeName besides the work,
+// whose key is the site it goes to. Site names have no dot, so these
+// never collide with one.
+const (
+	// WantRoutingKey carries a broker's request for the other sites'
+	// group states (wqroute.Want); every broker of every site binds it.
+	WantRoutingKey = "luffymq.want"
+	// stateKeyPrefix starts the key of a group state addressed to a site.
+	stateKeyPrefix = "luffymq.state."
+)
+
+// StateRoutingKey returns the routing key of the group states addressed
+// to site; its brokers bind it.
+func StateRoutingKey(site string) string { return stateKeyPrefix + site }
+
+// isControlKey reports whether a routing key on RouteExchangeName carries
+// a state or a request for states rather than work.
+func isControlKey(key string) bool { return strings.HasPrefix(key, "luffymq.") }
 
 // Work-queue routing of local publishes (WorkQueueConfig.Route).
 const (

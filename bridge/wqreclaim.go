@@ -242,7 +242,7 @@ func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *wor
 		if !ok {
 			return nil
 		}
-		if d.RoutingKey == StateRoutingKey {
+		if isControlKey(d.RoutingKey) {
 			if err := d.Ack(false); err != nil {
 				return err
 			}
@@ -377,7 +377,7 @@ func (b *Bridge) linkedSites(x string) ([]string, error) {
 	}
 	var sites []string
 	for _, bd := range bs {
-		if bd.DestinationType == "exchange" && bd.RoutingKey != "" && bd.RoutingKey != b.cfg.Site && bd.RoutingKey != StateRoutingKey &&
+		if bd.DestinationType == "exchange" && bd.RoutingKey != "" && bd.RoutingKey != b.cfg.Site && !isControlKey(bd.RoutingKey) &&
 			!slices.Contains(sites, bd.RoutingKey) {
 			sites = append(sites, bd.RoutingKey)
 		}

@@ -44,6 +44,17 @@ const stateHeartbeatIntervals = 5
 // arrived: three heartbeats.
 const stateStaleIntervals = 3 * stateHeartbeatIntervals
 
+// wantRenewIntervals is how many StateIntervals pass between two Wants of
+// a broker whose demand lasts; wantLeaseIntervals, how long each one asks
+// for the states: three renewals, so a lost Want costs nothing.
+const (
+	wantRenewIntervals = 10
+	wantLeaseIntervals = 3 * wantRenewIntervals
+)
+
+// maxWantLease bounds the lease a Want obtains, whatever it asks.
+const maxWantLease = time.Minute
+
 // stateTTL bounds how long a state waits in a federation link's queue
 // while the link is down: an older one would be ignored anyway.
 const stateTTL = "1000"
@@ -97,8 +108,11 @@ func changeOf(st wqroute.State, taken uint64) stateChange {
 	return c
 }
 
-// stateLoop publishes group g's state for the other sites and reads
-// theirs into g's router, on a channel of its own.
+// stateLoop publishes group g's state and reads the other brokers' into
+// g's router, on a channel of its own. States go to this site's other
+// brokers always, and to another site only while it holds a lease: while
+// it asked for them with a Want (wqroute.Demand). This broker asks in turn
+// while its router's Demand says so.
 func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGroup) error {
 	ch, err := conn.Channel()
 	if err != nil {
@@ -110,8 +124,10 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 	if err != nil {
 		return fmt.Errorf("declaring work-queue state queue for %s: %w", g.queue(), err)
 	}
-	if err := ch.QueueBind(q.Name, StateRoutingKey, x, false, nil); err != nil {
-		return fmt.Errorf("binding work-queue state queue to %s: %w", x, err)
+	for _, key := range []string{StateRoutingKey(b.cfg.Site), WantRoutingKey} {
+		if err := ch.QueueBind(q.Name, key, x, false, nil); err != nil {
+			return fmt.Errorf("binding work-queue state queue to %s with %s: %w", x, key, err)
+		}
 	}
 	states, err := ch.Consume(q.Name, "", true, true, false, false, nil)
 	if err != nil {
@@ -128,8 +144,8 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 	interval := b.cfg.WorkQueue.StateInterval
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	var last stateChange
-	var lastSent time.Time
+	s := stateSender{b: b, ch: ch, g: g, heartbeat: stateHeartbeatIntervals * interval}
+	var lastWant time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -138,6 +154,21 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			if !ok {
 				return fmt.Errorf("work-queue state consumer of %s cancelled", g.queue())
 			}
+			now := time.Now()
+			if d.RoutingKey == WantRoutingKey {
+				var w wqroute.Want
+				if err := json.Unmarshal(d.Body, &w); err != nil || w.Site == "" || w.LeaseMs <= 0 {
+					b.log.Debug("bridge: ignoring a malformed work-queue state request", "exchange", x, "error", err)
+					continue
+				}
+				if w.Site == b.cfg.Site || !s.leases.Grant(w.Site, now, now.Add(min(w.Lease(), maxWantLease))) {
+					continue
+				}
+				if err := s.send(ctx, now, w.Site); err != nil { // a new holder hears at once
+					return err
+				}
+				continue
+			}
 			var st wqroute.State
 			if err := json.Unmarshal(d.Body, &st); err != nil || st.Site == "" {
 				b.log.Debug("bridge: ignoring a malformed work-queue state", "exchange", x, "error", err)
@@ -145,41 +176,98 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			}
 			// The other brokers of this site publish here too: their
 			// members count with this broker's for local messages.
-			g.router.Observe(st, time.Now())
+			g.router.Observe(st, now)
 			if st.Site != b.cfg.Site {
 				if err := b.dispatchHeld(ctx, dch, g); err != nil {
 					return err
 				}
 			}
 		case now := <-tick.C:
-			// The ready counts the consume loop saw at its last
-			// basic.get are old while the members are busy: what arrived
-			// since would be missing from the state, and the other
-			// sites would forget their bookings on the strength of it.
-			if _, _, err := readReady(ch, g); err != nil {
+			if err := s.send(ctx, now, ""); err != nil {
 				return err
 			}
-			st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now, b.stats.wqTakenFrom(g.name))
-			st.Unbooked = b.stats.wqSiblingsReclaimed(g.name) // for the siblings' routers
-			c := changeOf(st, taken)
-			if c == last && now.Sub(lastSent) < stateHeartbeatIntervals*interval {
+			start, held := g.view.demandInputs(now, g.router, wantLeaseIntervals*interval)
+			if !g.router.Demand(now, start, held) {
+				lastWant = time.Time{}
 				continue
 			}
-			body, err := json.Marshal(st)
-			if err != nil {
-				return fmt.Errorf("encoding work-queue state: %w", err)
+			if !lastWant.IsZero() && now.Sub(lastWant) < wantRenewIntervals*interval {
+				continue
 			}
-			err = ch.PublishWithContext(ctx, x, StateRoutingKey, false, false, amqp.Publishing{
+			body, err := json.Marshal(wqroute.Want{Site: b.cfg.Site, Broker: b.cfg.BrokerID, LeaseMs: (wantLeaseIntervals * interval).Milliseconds()})
+			if err != nil {
+				return fmt.Errorf("encoding work-queue state request: %w", err)
+			}
+			err = ch.PublishWithContext(ctx, x, WantRoutingKey, false, false, amqp.Publishing{
 				ContentType: "application/json", DeliveryMode: amqp.Transient, Expiration: stateTTL,
-				Timestamp: now, AppId: "luffymq", Body: body,
-				Headers: amqp.Table{HeaderOrigin: b.cfg.Site, HeaderBroker: b.cfg.BrokerID, "x-luffymq-sent": strconv.FormatInt(st.Sent, 10)},
+				Timestamp: now, AppId: "luffymq", Body: body, Headers: amqp.Table{HeaderOrigin: b.cfg.Site, HeaderBroker: b.cfg.BrokerID},
 			})
 			if err != nil {
-				return fmt.Errorf("publishing work-queue state on %s: %w", x, err)
+				return fmt.Errorf("asking for work-queue states on %s: %w", x, err)
 			}
-			last, lastSent = c, now
+			b.stats.wqWantSent(g.name)
+			lastWant = now
 		}
 	}
+}
+
+// stateSender publishes one broker's states of a group: to the site's
+// other brokers, and to each other site holding a lease.
+type stateSender struct {
+	b         *Bridge
+	ch        *amqp.Channel
+	g         *workGroup
+	heartbeat time.Duration
+	leases    wqroute.Leases
+	holders   []string
+	last      stateChange
+	lastSent  time.Time
+}
+
+// send publishes the state as of now, if it changed or a heartbeat is
+// due, to the site's other brokers and to every lease holder; with only,
+// to that site alone, whatever changed.
+func (s *stateSender) send(ctx context.Context, now time.Time, only string) error {
+	b, g := s.b, s.g
+	// The ready counts the consume loop saw at its last basic.get are old
+	// while the members are busy: what arrived since would be missing from
+	// the state, and the other sites would forget their bookings on the
+	// strength of it.
+	if _, _, err := readReady(s.ch, g); err != nil {
+		return err
+	}
+	st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now, b.stats.wqTakenFrom(g.name))
+	st.Unbooked = b.stats.wqSiblingsReclaimed(g.name) // for the siblings' routers
+	c := changeOf(st, taken)
+	if only == "" && c == s.last && now.Sub(s.lastSent) < s.heartbeat {
+		return nil
+	}
+	body, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encoding work-queue state: %w", err)
+	}
+	x := RouteExchangeName(g.name)
+	s.holders = s.leases.Holders(now, append(s.holders[:0], b.cfg.Site))
+	if only != "" {
+		s.holders = append(s.holders[:0], only)
+	}
+	for _, site := range s.holders {
+		err = s.ch.PublishWithContext(ctx, x, StateRoutingKey(site), false, false, amqp.Publishing{
+			ContentType: "application/json", DeliveryMode: amqp.Transient, Expiration: stateTTL,
+			Timestamp: now, AppId: "luffymq", Body: body,
+			Headers: amqp.Table{HeaderOrigin: b.cfg.Site, HeaderBroker: b.cfg.BrokerID, "x-luffymq-sent": strconv.FormatInt(st.Sent, 10)},
+		})
+		if err != nil {
+			return fmt.Errorf("publishing work-queue state on %s: %w", x, err)
+		}
+		if site != b.cfg.Site {
+			b.stats.wqStateSent(g.name, site)
+		}
+	}
+	if only == "" {
+		s.last, s.lastSent = c, now
+	}
+	return nil
 }
 
 // maxDispatch bounds the messages one state sends from wq.<g>: the

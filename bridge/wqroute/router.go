@@ -186,6 +186,9 @@ type Router struct {
 	mu       sync.Mutex
 	sites    []*site
 	siblings []*brokerState
+	// wantSince is when the current demand for the other sites' states
+	// began (Demand); zero while there is none.
+	wantSince time.Time
 }
 
 // NewRouter returns a Router with no site known.
@@ -432,10 +435,15 @@ func (r *Router) Unbook(site string) {
 
 // StaleSites appends to dst the other sites whose newest state arrived
 // more than after before now: sites heard of once whose brokers all went
-// silent (a site down, its node gone, or the links to it cut).
+// silent (a site down, its node gone, or the links to it cut). States
+// come on demand, so silence counts only once the demand has lasted
+// after: before, a live site may not have been asked.
 func (r *Router) StaleSites(now time.Time, after time.Duration, dst []string) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.wantSince.IsZero() || now.Sub(r.wantSince) <= after {
+		return dst
+	}
 	for _, s := range r.sites {
 		if now.Sub(s.arrived) > after {
 			dst = append(dst, s.name)

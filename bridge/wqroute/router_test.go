@@ -305,6 +305,10 @@ func TestStaleSitesAndUnbookOfReclaimed(t *testing.T) {
 	r := NewRouter(Config{Site: "tunis", Broker: "tunis-1", StaleAfter: 1500 * ms})
 	r.Observe(stateAt("berlin", t0, 0, 0, 0, 0), t0.Add(20*ms))
 	r.Observe(stateAt("montreal", t0, 0, 0), t0.Add(60*ms))
+	if got := r.StaleSites(t0.Add(time.Hour), 3*time.Second, nil); len(got) != 0 {
+		t.Fatalf("StaleSites with no demand = %v, want none: states are not sent unasked", got)
+	}
+	r.Demand(t0, 0, 1) // a held message asks for the states
 	for range 3 {
 		if c := r.Route(t0.Add(100*ms), time.Second, time.Hour); c.Site != "berlin" {
 			t.Fatalf("Route = %+v, want berlin", c)
@@ -378,4 +382,86 @@ func TestSiblingUnbooksWhatItTookBack(t *testing.T) {
 	}
 	// Unbooks at a site never heard of are ignored.
 	sibling(t0.Add(500*ms), "b", map[string]uint64{"berlin": 5, "nowhere": 3})
+}
+
+func TestDemand(t *testing.T) {
+	r := NewRouter(Config{Site: "tunis", Broker: "tunis-1", StaleAfter: 1500 * ms})
+	// Nothing known: any wait at home might be beaten elsewhere.
+	if r.Demand(t0, 0, 0) {
+		t.Fatal("an idle site with nothing held asks for states")
+	}
+	if r.Wanting() {
+		t.Fatal("Wanting with no demand")
+	}
+	if !r.Demand(t0, ms, 0) || !r.Wanting() {
+		t.Fatal("a busy site that knows no delay does not ask for states")
+	}
+	r.Observe(stateAt("berlin", t0, 0, 0), t0.Add(22*ms))
+	r.Observe(stateAt("tokyo", t0, 0, 0), t0.Add(120*ms))
+	if r.Demand(t0.Add(time.Second), 22*ms, 0) {
+		t.Fatal("asks for states though no site is nearer than the local start (22 ms to Berlin)")
+	}
+	if !r.Demand(t0.Add(time.Second), 23*ms, 0) {
+		t.Fatal("does not ask though Berlin, 22 ms away, may start it sooner than 23 ms")
+	}
+	if !r.Demand(t0.Add(time.Second), 0, 2) {
+		t.Fatal("does not ask while messages are held")
+	}
+	r.Demand(t0.Add(2*time.Second), 0, 0)
+	if c := r.Route(t0.Add(time.Second), time.Second, time.Hour); c.Site != "berlin" {
+		t.Fatalf("Route = %+v, want berlin", c)
+	}
+	if !r.Demand(t0.Add(2*time.Second), 0, 0) {
+		t.Fatal("does not ask while a message it routed is not taken")
+	}
+	// StaleSites counts silence only once the demand has lasted.
+	if got := r.StaleSites(t0.Add(4*time.Second), time.Second, nil); len(got) != 2 {
+		t.Fatalf("StaleSites after 2 s of demand = %v, want both", got)
+	}
+	if got := r.StaleSites(t0.Add(2500*ms), time.Second, nil); len(got) != 0 {
+		t.Fatalf("StaleSites 0.5 s into the demand = %v, want none", got)
+	}
+}
+
+func TestLeases(t *testing.T) {
+	var l Leases
+	if got := l.Holders(t0, nil); len(got) != 0 {
+		t.Fatalf("Holders of no lease = %v", got)
+	}
+	if !l.Grant("tokyo", t0, t0.Add(3*time.Second)) {
+		t.Fatal("a first lease is not new")
+	}
+	if l.Grant("tokyo", t0.Add(time.Second), t0.Add(4*time.Second)) {
+		t.Fatal("a renewal counts as new")
+	}
+	if l.Grant("tokyo", t0.Add(time.Second), t0.Add(2*time.Second)) {
+		t.Fatal("a shorter renewal counts as new")
+	}
+	if !l.Grant("berlin", t0.Add(time.Second), t0.Add(2*time.Second)) {
+		t.Fatal("another site's first lease is not new")
+	}
+	if got := l.Holders(t0.Add(1500*ms), []string{"self"}); len(got) != 3 || got[0] != "self" || got[1] != "berlin" || got[2] != "tokyo" {
+		t.Fatalf("Holders = %v, want [self berlin tokyo]", got)
+	}
+	// The shorter renewal did not cut tokyo's lease; berlin's ran out.
+	if got := l.Holders(t0.Add(3500*ms), nil); len(got) != 1 || got[0] != "tokyo" {
+		t.Fatalf("Holders at 3.5 s = %v, want [tokyo]", got)
+	}
+	if !l.Grant("berlin", t0.Add(5*time.Second), t0.Add(6*time.Second)) {
+		t.Fatal("a lease asked again after it ran out is not new")
+	}
+	if got := l.Holders(t0.Add(10*time.Second), nil); len(got) != 0 {
+		t.Fatalf("Holders after every lease ran out = %v", got)
+	}
+}
+
+func BenchmarkDemand(b *testing.B) {
+	r := NewRouter(Config{Site: "tunis", Broker: "tunis-1"})
+	for _, s := range []string{"berlin", "montreal", "tokyo"} {
+		r.Observe(stateAt(s, t0, 0, 0, 0), t0.Add(40*ms))
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		r.Demand(t0.Add(time.Second), time.Duration(i%100)*ms, 0)
+	}
 }

@@ -260,9 +260,12 @@ type BridgeWorkQueue struct {
 	OverflowAtPublish uint64 `json:"overflow_at_publish"`
 	// RoutedTo counts, by site, local publishes sent straight to another
 	// site that would start them sooner (--wq-route nearest);
-	// StatesFresh counts the other sites whose group state is fresh.
+	// StatesFresh counts the other sites whose group state is fresh;
+	// StatesWanted is true while the broker asks for their states (they
+	// come on demand: a site that keeps up hears none).
 	RoutedTo       map[string]uint64 `json:"routed_to"`
 	StatesFresh    int               `json:"states_fresh"`
+	StatesWanted   bool              `json:"states_wanted"`
 	FromOtherSites uint64            `json:"from_other_sites"`
 	FromSite       map[string]uint64 `json:"from_site"`
 	Completed      uint64            `json:"completed"`
