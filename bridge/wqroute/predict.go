@@ -74,15 +74,7 @@ func PredictStart(members []scoring.MemberSnapshot, elapsed time.Duration, ahead
 		}
 		return max(time.Duration(math.Round((float64(ahead)+sumStart)/rate)), 0), true
 	}
-	next := func() int {
-		best := 0
-		for i := 1; i < n; i++ {
-			if free[i] < free[best] {
-				best = i
-			}
-		}
-		return best
-	}
+	next := func() int { return earliest(free[:n]) }
 	for ; ahead > 0; ahead-- {
 		i := next()
 		if free[i] >= untimed {
@@ -109,4 +101,90 @@ const untimed = time.Duration(math.MaxInt64 / 4)
 // acknowledgements are not known to come on receipt.
 func idleUntimed(m scoring.MemberSnapshot, free time.Duration) bool {
 	return free == 0 && m.InFlight == 0 && m.AcksAreFinishes
+}
+
+// maxTrackedSends is how many of its latest sends to a site a Router
+// remembers the time of (predictStartAfter's known arrivals).
+const maxTrackedSends = 32
+
+// predictStartAfter is PredictStart for a message that reaches the site
+// elapsed after the members' waits were read, behind extra messages
+// queued there at that reading and then behind messages whose arrivals
+// are known: arrivals[j] is when the j-th reaches the site relative to
+// the message's own arrival (negative: before it), in order. A member
+// whose wait ran out before a message arrived starts it on arrival, not
+// at the message's own arrival as PredictStart must assume: a message
+// sent 80 ms earlier to an idle site is 80 ms into its service already.
+// Groups beyond maxSimulatedMembers are left to PredictStart.
+func predictStartAfter(members []scoring.MemberSnapshot, elapsed time.Duration, extra int, arrivals []time.Duration, limit time.Duration) (time.Duration, bool) {
+	var free, service [maxSimulatedMembers]time.Duration
+	n := 0
+	for _, m := range members {
+		if !m.Online {
+			continue
+		}
+		if n == maxSimulatedMembers {
+			return PredictStart(members, elapsed, extra+len(arrivals), limit)
+		}
+		f := m.PredictedWait - elapsed // negative: free since then
+		svc := m.ServiceEstimate
+		if svc <= 0 {
+			if !idleUntimed(m, max(f, 0)) {
+				continue
+			}
+			svc = untimed
+		}
+		free[n], service[n] = f, svc
+		n++
+	}
+	if n == 0 {
+		return 0, false
+	}
+	next := func() int { return earliest(free[:n]) }
+	place := func(arrival time.Duration) (time.Duration, bool) {
+		i := next()
+		if free[i] >= untimed {
+			return 0, false
+		}
+		start := max(free[i], arrival)
+		free[i] = untimed // a member without an estimate takes one, never a second
+		if service[i] < untimed {
+			free[i] = start + service[i]
+		}
+		return start, true
+	}
+	for range extra {
+		start, ok := place(-elapsed)
+		if !ok {
+			return 0, false
+		}
+		if start > limit {
+			return start, true
+		}
+	}
+	for _, a := range arrivals {
+		start, ok := place(a)
+		if !ok {
+			return 0, false
+		}
+		if start > limit {
+			return start, true
+		}
+	}
+	if i := next(); free[i] < untimed {
+		return max(free[i], 0), true
+	}
+	return 0, false
+}
+
+// earliest returns the index of the least of free (the member that frees
+// first).
+func earliest(free []time.Duration) int {
+	best := 0
+	for i := 1; i < len(free); i++ {
+		if free[i] < free[best] {
+			best = i
+		}
+	}
+	return best
 }

@@ -133,6 +133,11 @@ type site struct {
 	// keeps them, and the site's states cannot show them) or in its
 	// intake.
 	sent, retired uint64
+	// sends holds the times of the latest sends to the site (a ring of
+	// maxTrackedSends; nSends counts them all): the outstanding messages
+	// are the newest of them, on their way or started on arrival.
+	sends  [maxTrackedSends]time.Time
+	nSends uint64
 }
 
 // outstanding is how many of the messages routed to s its brokers have
@@ -362,7 +367,7 @@ func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
 		if best != nil {
 			limit = min(limit, bestStart)
 		}
-		start, ok := s.start(now, limit)
+		start, ok := s.start(now, limit, r.cfg.StaleAfter/creditFraction)
 		if !ok {
 			continue
 		}
@@ -377,6 +382,8 @@ func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
 		return Choice{Start: local, Fresh: true}
 	}
 	best.sent++
+	best.sends[best.nSends%maxTrackedSends] = now
+	best.nSends++
 	return Choice{Site: best.name, Start: bestStart, Fresh: true}
 }
 
@@ -410,7 +417,7 @@ func (r *Router) Views(now time.Time, dst []SiteView) []SiteView {
 	for _, s := range r.sites {
 		v := SiteView{Site: s.name, Age: now.Sub(s.arrived), Delay: s.delay, Intake: s.intake, Outstanding: s.outstanding()}
 		if r.fresh(s, now) {
-			v.Start, v.OK = s.start(now, maxPrediction)
+			v.Start, v.OK = s.start(now, maxPrediction, r.cfg.StaleAfter/creditFraction)
 		}
 		v.Members = len(s.merged)
 		for _, m := range s.merged {
@@ -480,15 +487,36 @@ func (r *Router) FreshSites(now time.Time) int {
 	return n
 }
 
+// creditFraction sets how long after a site's last state the Router
+// still expects the messages it sends there to start on arrival: a tenth
+// of the staleness (150 ms by default; a site that takes messages sends a
+// state within one StateInterval). What it sends later, with no state
+// since, counts as queued there from the new message's arrival on, as a
+// site that stopped (its broker gone) would keep it.
+const creditFraction = 10
+
 // start predicts how long from now a member of s would start a message
 // sent now: the one-way delay, then the wait behind what is ahead there:
 // the intake, or the messages routed there and not yet taken, if more
-// (they are on the way, or in the intake). It gives up above limit.
-func (s *site) start(now time.Time, limit time.Duration) (time.Duration, bool) {
+// (they are on the way, or in the intake). The newest of those whose send
+// times are known, sent at most credit after the site's last state
+// arrived, reach the site one delay after they were sent, and a free
+// member starts each on arrival. It gives up above limit.
+func (s *site) start(now time.Time, limit, credit time.Duration) (time.Duration, bool) {
 	// The state describes the site at (arrived − delay) in our clock; the
-	// message gets there at now + delay.
+	// message gets there at now + delay, and one sent at t at t + delay.
 	elapsed := now.Add(s.delay).Sub(s.arrived.Add(-s.delay))
-	wait, ok := PredictStart(s.merged, elapsed, max(s.intake, s.outstanding()), max(limit-s.delay, 0))
+	out := s.outstanding()
+	known := min(out, int(min(s.nSends, maxTrackedSends)))
+	var arrivals [maxTrackedSends]time.Duration
+	creditUntil := s.arrived.Add(credit)
+	for j := range known {
+		if sent := s.sends[(s.nSends-uint64(known-j))%maxTrackedSends]; !sent.After(creditUntil) {
+			arrivals[j] = sent.Sub(now)
+		}
+	}
+	extra := max(s.intake-out, 0) + out - known
+	wait, ok := predictStartAfter(s.merged, elapsed, extra, arrivals[:known], max(limit-s.delay, 0))
 	if !ok {
 		return 0, false
 	}

@@ -3,6 +3,8 @@ package wqroute
 import (
 	"testing"
 	"time"
+
+	"github.com/luffymq/luffymq/scoring"
 )
 
 const ms = time.Millisecond
@@ -132,9 +134,11 @@ func TestRouteIntakeCountsAhead(t *testing.T) {
 	r := NewRouter(Config{})
 	r.Observe(stateAt("near", t0, 3, 0), t0.Add(20*ms))
 	c := r.Route(t0.Add(20*ms), time.Second, time.Hour)
-	// Three ahead on one 100 ms member: it starts at 20 + 300 ms.
-	if c.Site != "near" || c.Start != 320*ms {
-		t.Fatalf("Route = %+v, want near at 320ms", c)
+	// Three ahead on one 100 ms member, idle when the state was sent: it
+	// starts them from then (t0), the third ending at t0 + 300 ms, which
+	// is 280 ms from now.
+	if c.Site != "near" || c.Start != 280*ms {
+		t.Fatalf("Route = %+v, want near at 280ms", c)
 	}
 }
 
@@ -463,5 +467,54 @@ func BenchmarkDemand(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		r.Demand(t0.Add(time.Second), time.Duration(i%100)*ms, 0)
+	}
+}
+
+// Messages routed to a site start there on arrival, one delay after they
+// were sent: one sent 80 ms ago to an idle member is 30 ms into its
+// service when the next one is routed, not about to start.
+func TestRouteKnowsWhenItsMessagesArrive(t *testing.T) {
+	r := NewRouter(Config{Site: "here"})
+	r.Observe(stateAt("near", t0, 0, 0, 0, 0), t0.Add(50*ms)) // three idle 100 ms members, 50 ms away
+	for _, at := range []time.Duration{50 * ms, 90 * ms, 130 * ms} {
+		if c := r.Route(t0.Add(at), time.Second, time.Hour); c.Site != "near" || c.Start != 50*ms {
+			t.Fatalf("Route at %v = %+v, want near at 50ms (an idle member)", at, c)
+		}
+	}
+	// The three arrive at t0+100, +140 and +180 and start at once; the
+	// next, sent at t0+130, arrives at t0+180 behind them and starts when
+	// the first ends, at t0+200: 70 ms from now.
+	if c := r.Route(t0.Add(130*ms), time.Second, time.Hour); c.Site != "near" || c.Start != 70*ms {
+		t.Fatalf("fourth Route = %+v, want near at 70ms", c)
+	}
+}
+
+func TestPredictStartAfterMatchesPredictStartWithoutArrivals(t *testing.T) {
+	members := []scoring.MemberSnapshot{
+		{Online: true, PredictedWait: 30 * ms, ServiceEstimate: 100 * ms},
+		{Online: true, PredictedWait: 0, ServiceEstimate: 50 * ms},
+		{Online: true, AcksAreFinishes: true}, // idle, untimed: one message
+		{Online: false, ServiceEstimate: 10 * ms},
+	}
+	for ahead := range 8 {
+		want, wantOK := PredictStart(members, 0, ahead, time.Hour)
+		got, ok := predictStartAfter(members, 0, ahead, nil, time.Hour)
+		if got != want || ok != wantOK {
+			t.Fatalf("ahead %d: predictStartAfter = %v, %v; PredictStart = %v, %v", ahead, got, ok, want, wantOK)
+		}
+	}
+}
+
+// With no state since, the Router stops expecting what it sends to start
+// on arrival: a site that stopped taking messages (its broker gone) would
+// keep them all queued.
+func TestRouteCreditsArrivalsOnlyShortlyAfterAState(t *testing.T) {
+	r := NewRouter(Config{Site: "here", StaleAfter: time.Second}) // credit: 100 ms after a state
+	r.Observe(stateAt("near", t0, 0, 0), t0.Add(50*ms))           // one idle 100 ms member, 50 ms away
+	r.Route(t0.Add(400*ms), time.Hour, time.Hour)                 // sent 350 ms after the state: no credit
+	// Sent at t0+400, it would have started at t0+450 and ended at
+	// t0+550; uncredited, it counts as starting when the next arrives.
+	if c := r.Route(t0.Add(600*ms), time.Hour, time.Hour); c.Site != "near" || c.Start != 150*ms {
+		t.Fatalf("Route = %+v, want near at 150ms (50 ms away, then 100 ms behind the uncredited one)", c)
 	}
 }
