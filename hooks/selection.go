@@ -504,10 +504,16 @@ func (h *SelectionHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.P
 // OnQosPublish counts a new QoS≥1 delivery to a shared-group member as in
 // flight, and marks the broker's acknowledgement of the client's own QoS 1
 // publish so that its completion is not taken for the client's.
+//
+// The delivery's place in the client's order is recorded only for a
+// session that can resume: one that ends with its connection (MQTT 5
+// session expiry 0 at CONNECT, which DISCONNECT cannot raise; 3.1.1 clean
+// session) is never resent anything, so the order would be kept for
+// nothing on every delivery.
 func (h *SelectionHook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, resends int) {
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
-		if !pk.FixedHeader.Dup { // a new delivery, not Mochi resending one
+		if !pk.FixedHeader.Dup && !sessionEndsWithConnection(cl) { // a new delivery, not Mochi resending one
 			h.cfg.DeliveryOrder.Started(cl.ID, pk.PacketID)
 		}
 		if resends == 0 && h.lookup(cl).isMember() {

@@ -218,3 +218,33 @@ func TestOneClientsReportNeverChangesAnother(t *testing.T) {
 		}
 	}
 }
+
+// TestDeliveryOrderOnlyForSessionsThatResume: the order of deliveries is
+// what a resumed session is resent in; a session that ends with its
+// connection never is, and costs the order nothing.
+func TestDeliveryOrderOnlyForSessionsThatResume(t *testing.T) {
+	order := hooks.NewDeliveryOrder(1)
+	srv := mqtt.New(&mqtt.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	eng, err := scoring.NewEngine(scoring.Config{Strategy: "adaptive"})
+	require.NoError(t, err)
+	h, err := hooks.NewSelectionHook(hooks.SelectionConfig{Engine: eng, Server: srv, DeliveryOrder: order})
+	require.NoError(t, err)
+	require.NoError(t, srv.AddHook(h, nil))
+	f := &hookFixture{server: srv, engine: eng, hook: h}
+	clean := f.connect(t, "clean", "$share/g/t") // MQTT 5, session expiry 0
+	kept := f.connect(t, "kept", "$share/g/t")
+	kept.Properties.Props.SessionExpiryInterval = 3600
+	v3 := f.connect(t, "v3", "$share/g/t")
+	v3.Properties.ProtocolVersion, v3.Properties.Clean = 4, false
+	for _, cl := range []*mqtt.Client{clean, kept, v3} {
+		f.hook.OnQosPublish(cl, qosPacket(packets.Publish, 9), 0, 0)
+	}
+	_, ok := order.Seq("clean", 9)
+	require.False(t, ok, "a session that ends with its connection is not recorded")
+	_, ok = order.Seq("kept", 9)
+	require.True(t, ok, "an MQTT 5 session with an expiry is recorded")
+	_, ok = order.Seq("v3", 9)
+	require.True(t, ok, "a 3.1.1 session without clean session is recorded")
+	// The in-flight count does not depend on it.
+	require.Equal(t, 1, f.inflight(t, "clean"))
+}
