@@ -39,11 +39,32 @@ type overflowView struct {
 	overflowed int
 	// taken counts the messages the consume loop took from RabbitMQ.
 	taken uint64
-	// published is when decide last saw a local publish.
+	// idle is how many members were idle at idleRose's last call.
+	idle int
+	// published is when decide last saw a local publish; rate, the rate
+	// of local publishes.
 	published time.Time
+	rate      wqroute.PublishRate
 	// site is scratch space for the members of the whole site: these
 	// and, with a router, the other brokers' of this site (siteMembers).
 	site []scoring.MemberSnapshot
+}
+
+// idleRose reports whether more of the members are idle (no predicted
+// wait, nothing in flight) than at its last call: called when the queues
+// had nothing left to take, so that they stay idle.
+func (v *overflowView) idleRose() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	idle := 0
+	for _, m := range v.members {
+		if m.Online && m.PredictedWait == 0 && m.InFlight == 0 {
+			idle++
+		}
+	}
+	rose := idle > v.idle
+	v.idle = idle
+	return rose
 }
 
 // took counts a message the consume loop took from RabbitMQ.
@@ -93,10 +114,11 @@ type decision struct {
 	site string
 	// overflow sends it to the dead-letter exchange at once.
 	overflow bool
-	// local is the local members' predicted wait (ok: predictable), and
-	// start the chosen site's predicted start, for tracing.
-	local, start time.Duration
-	ok           bool
+	// local is the local members' predicted wait (ok: predictable), cost
+	// what staying home was weighed at (wqroute.LocalCost), and start the
+	// chosen site's predicted start, for tracing.
+	local, cost, start time.Duration
+	ok                 bool
 }
 
 // siteMembers returns the members that would start a message queued in
@@ -152,6 +174,7 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.published = now
+	v.rate.Add(now)
 	if v.members != nil {
 		limit := v.ttl
 		if router != nil {
@@ -159,13 +182,14 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 		}
 		wait, ok := v.localStart(now, router, v.readyWork+v.readyIntake, limit)
 		if ok && router != nil {
-			if c := router.Route(now, wait, max(v.ttl, heldTTL)); c.Fresh {
+			cost := v.localCost(now, wait, max(v.ttl, heldTTL))
+			if c := router.RouteWeighed(now, wait, cost, max(v.ttl, heldTTL)); c.Fresh {
 				if c.Site != "" {
 					v.overflowed++
-					return decision{site: c.Site, local: wait, start: c.Start, ok: true}
+					return decision{site: c.Site, local: wait, cost: cost, start: c.Start, ok: true}
 				}
 				v.readyWork++
-				return decision{local: wait, start: wait, ok: true}
+				return decision{local: wait, cost: cost, start: wait, ok: true}
 			}
 		}
 		if ok && wait > v.ttl {
@@ -175,6 +199,29 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	}
 	v.readyWork++
 	return decision{}
+}
+
+// localCost is what keeping a message home that would wait wait costs
+// (wqroute.LocalCost), up to limit: the other sites' starts are compared
+// with it. The rate per member is this broker's publishes per online
+// member of its own; the service time, its members' mean. v.mu is held.
+func (v *overflowView) localCost(now time.Time, wait, limit time.Duration) time.Duration {
+	var sum time.Duration
+	online, timed := 0, 0
+	for _, m := range v.members {
+		if !m.Online {
+			continue
+		}
+		online++
+		if m.ServiceEstimate > 0 {
+			sum += m.ServiceEstimate
+			timed++
+		}
+	}
+	if online == 0 || timed == 0 || wait > limit {
+		return wait
+	}
+	return min(wqroute.LocalCost(wait, sum/time.Duration(timed), v.rate.PerSecond(now)/float64(online)), limit)
 }
 
 // demandInputs returns what the router's Demand weighs: how long from
@@ -229,7 +276,7 @@ func (v *overflowView) dispatch(now time.Time, router *wqroute.Router) string {
 	if !ok {
 		return ""
 	}
-	c := router.Route(now, wait, max(v.ttl, heldTTL))
+	c := router.RouteWeighed(now, wait, v.localCost(now, wait, max(v.ttl, heldTTL)), max(v.ttl, heldTTL))
 	if c.Site == "" {
 		return ""
 	}

@@ -134,7 +134,9 @@ func TestIntakePollInterval(t *testing.T) {
 func TestOverflowViewDecideRoutes(t *testing.T) {
 	ms := time.Millisecond
 	now := time.Now()
-	var v overflowView
+	// A few publishes an hour: the local wait is compared as it is
+	// (wqroute.LocalCost; TestOverflowViewDecideWeighsTheRate).
+	v := overflowView{rate: wqroute.PublishRate{Window: time.Hour}}
 	// One local member busy for 80 ms more, TTL 200 ms.
 	v.setMembers([]scoring.MemberSnapshot{member(80*ms, 100*ms)}, 200*ms, now)
 	r := wqroute.NewRouter(wqroute.Config{Site: "here", StaleAfter: time.Second})
@@ -190,6 +192,35 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 	// State is published with the waits as of now.
 	if got, _ := v.state("here", "b1", "boot", now.Add(30*ms), nil); got.Members[0].Wait != 50*ms || got.Site != "here" {
 		t.Fatalf("state = %+v, want the member's wait 50ms", got)
+	}
+}
+
+// At a site publishing more than its members can do, a message does not
+// wait for a local member when another site would start it without
+// queueing: the next publish takes that member when it frees.
+func TestOverflowViewDecideWeighsTheRate(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Unix(1000, 0)
+	r := wqroute.NewRouter(wqroute.Config{Site: "here", StaleAfter: 10 * time.Second})
+	// near is 50 ms away with three idle members of 1 s.
+	idle := wqroute.MemberState{Service: time.Second}
+	r.Observe(wqroute.State{Site: "near", Sent: now.UnixNano(), Members: []wqroute.MemberState{idle, idle, idle}}, now.Add(50*ms))
+	// Three local members of 1 s, the first free in 20 ms.
+	local := []scoring.MemberSnapshot{member(20*ms, time.Second), member(400*ms, time.Second), member(700*ms, time.Second)}
+	quiet := overflowView{rate: wqroute.PublishRate{Window: time.Hour}}
+	quiet.setMembers(local, time.Second, now.Add(50*ms))
+	if d := quiet.decide(now.Add(50*ms), r); d.site != "" || d.local != 20*ms {
+		t.Fatalf("a publish now and then: %+v, want it kept for the local member free in 20 ms", d)
+	}
+	// Six a second for the last two seconds, twice what the members do.
+	var busy overflowView
+	busy.setMembers(local, time.Second, now.Add(50*ms))
+	for i := range 12 {
+		busy.rate.Add(now.Add(-2*time.Second + time.Duration(i)*166*ms))
+	}
+	d := busy.decide(now.Add(50*ms), r)
+	if d.site != "near" || d.local != 20*ms || d.start != 50*ms {
+		t.Fatalf("six publishes a second: %+v, want near (50 ms) rather than 20 ms at home", d)
 	}
 }
 
@@ -267,5 +298,36 @@ func TestOverflowViewDemandInputs(t *testing.T) {
 	v.setReady(0, 0)
 	if start, _ := v.demandInputs(now.Add(3*time.Second+ms), r, 3*time.Second); start != 0 {
 		t.Fatalf("demandInputs 3 s after the last local publish = %v, want 0", start)
+	}
+}
+
+// The state loop is woken when more members are idle than at the last
+// look at empty queues, not on every look.
+func TestOverflowViewIdleRose(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Unix(1000, 0)
+	var v overflowView
+	busy, idle := member(30*ms, 100*ms), member(0, 100*ms)
+	steps := []struct {
+		members []scoring.MemberSnapshot
+		want    bool
+	}{
+		{[]scoring.MemberSnapshot{busy, busy}, false},
+		{[]scoring.MemberSnapshot{idle, busy}, true},
+		{[]scoring.MemberSnapshot{idle, busy}, false},
+		{[]scoring.MemberSnapshot{busy, busy}, false},
+		{[]scoring.MemberSnapshot{idle, busy}, true},
+		{[]scoring.MemberSnapshot{idle, idle}, true},
+		// In flight (acknowledges after processing, not reported yet):
+		// not idle.
+		{[]scoring.MemberSnapshot{idle, {Online: true, ServiceEstimate: 100 * ms, InFlight: 1}}, false},
+		// Offline members do not count.
+		{[]scoring.MemberSnapshot{idle, {Online: false}, idle}, true},
+	}
+	for i, s := range steps {
+		v.setMembers(s.members, time.Second, now)
+		if got := v.idleRose(); got != s.want {
+			t.Fatalf("step %d: idleRose = %v, want %v", i, got, s.want)
+		}
 	}
 }

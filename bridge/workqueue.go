@@ -567,7 +567,7 @@ func (b *Bridge) traceRoute(g *workGroup, now time.Time, d decision, payload []b
 	case d.overflow:
 		to = "ring"
 	}
-	attrs := []any{"group", g.name, "at", now.UnixNano(), "to", to, "local", d.local, "start", d.start, "predictable", d.ok, "head", hex.EncodeToString(payload[:min(len(payload), 16)])}
+	attrs := []any{"group", g.name, "at", now.UnixNano(), "to", to, "local", d.local, "cost", d.cost, "start", d.start, "predictable", d.ok, "head", hex.EncodeToString(payload[:min(len(payload), 16)])}
 	for _, v := range g.router.Views(now, nil) {
 		attrs = append(attrs, slog.Group(v.Site, "age", v.Age, "delay", v.Delay, "intake", v.Intake, "outstanding", v.Outstanding,
 			"members", v.Members, "idle", v.Idle, "start", v.Start, "ok", v.OK))

@@ -228,6 +228,19 @@ type workGroup struct {
 	// router holds the other sites' states (nil unless the routing is
 	// RouteNearest).
 	router *wqroute.Router
+	// idleNudge wakes the state loop when a local member went idle with
+	// nothing left to take: the sites routing to this one hear of it at
+	// once rather than at the next StateInterval.
+	idleNudge chan struct{}
+}
+
+// nudgeIdle tells the state loop, without blocking, that a member went
+// idle.
+func (g *workGroup) nudgeIdle() {
+	select {
+	case g.idleNudge <- struct{}{}:
+	default:
+	}
 }
 
 func (g *workGroup) queue() string { return WorkQueueName(g.name) }
@@ -244,7 +257,7 @@ func parseExportGroup(s string) (*workGroup, error) {
 	if err := checkExport(parts[2]); err != nil {
 		return nil, fmt.Errorf("%w: export-group %q: filter %q is not a valid MQTT filter outside '$' topics", ErrInvalidConfig, s, parts[2])
 	}
-	return &workGroup{name: parts[1], share: s, filter: parts[2]}, nil
+	return &workGroup{name: parts[1], share: s, filter: parts[2], idleNudge: make(chan struct{}, 1)}, nil
 }
 
 // Capacity is a site's capacity for one group, computed from its members'

@@ -164,7 +164,7 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 				if w.Site == b.cfg.Site || !s.leases.Grant(w.Site, now, now.Add(min(w.Lease(), maxWantLease))) {
 					continue
 				}
-				if err := s.send(ctx, now, w.Site); err != nil { // a new holder hears at once
+				if err := s.send(ctx, now, w.Site, false); err != nil { // a new holder hears at once
 					return err
 				}
 				continue
@@ -182,8 +182,24 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 					return err
 				}
 			}
+		case <-g.idleNudge:
+			// A member went idle with nothing left to take: the sites
+			// that asked for states hear of it now, not at the next tick
+			// (if the state changed), at most every tenth of an interval.
+			// Their routers count that member free only from this state
+			// on; a tick's wait would add up to an interval to each
+			// message they could send it.
+			// The consume loop found both queues empty just before: the
+			// state is sent without reading their depths from RabbitMQ.
+			now := time.Now()
+			if now.Sub(s.lastSent) < interval/10 {
+				continue
+			}
+			if err := s.send(ctx, now, "", true); err != nil {
+				return err
+			}
 		case now := <-tick.C:
-			if err := s.send(ctx, now, ""); err != nil {
+			if err := s.send(ctx, now, "", false); err != nil {
 				return err
 			}
 			start, held := g.view.demandInputs(now, g.router, wantLeaseIntervals*interval)
@@ -226,15 +242,18 @@ type stateSender struct {
 
 // send publishes the state as of now, if it changed or a heartbeat is
 // due, to the site's other brokers and to every lease holder; with only,
-// to that site alone, whatever changed.
-func (s *stateSender) send(ctx context.Context, now time.Time, only string) error {
+// to that site alone, whatever changed. readyKnown says the consume loop
+// has just found both queues empty, so their depths need no reading.
+func (s *stateSender) send(ctx context.Context, now time.Time, only string, readyKnown bool) error {
 	b, g := s.b, s.g
 	// The ready counts the consume loop saw at its last basic.get are old
 	// while the members are busy: what arrived since would be missing from
 	// the state, and the other sites would forget their bookings on the
 	// strength of it.
-	if _, _, err := readReady(s.ch, g); err != nil {
-		return err
+	if !readyKnown {
+		if _, _, err := readReady(s.ch, g); err != nil {
+			return err
+		}
 	}
 	st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now, b.stats.wqTakenFrom(g.name))
 	st.Unbooked = b.stats.wqSiblingsReclaimed(g.name) // for the siblings' routers

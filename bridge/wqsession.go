@@ -245,6 +245,9 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		switch {
 		case !ok:
 			g.view.setReady(0, 0)
+			if g.view.idleRose() {
+				g.nudgeIdle()
+			}
 		case source == fromOwnOverflow:
 			g.view.setReady(-1, int(d.MessageCount))
 			g.view.took()

@@ -351,16 +351,29 @@ type Choice struct {
 // unpredictable (a member without a service time) are not candidates.
 // It allocates nothing.
 func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
+	return r.RouteWeighed(now, local, local, localLimit)
+}
+
+// RouteWeighed is Route with a second price of staying home: a site
+// where a member would start the message on arrival (no wait there, only
+// the delay) is compared with localCost rather than local. localCost
+// (LocalCost, at least local) counts that a local member left for the
+// next publish is not lost while other sites have members free; a site
+// where the message would queue is compared with local itself, since the
+// local members' time is then what the sites are short of.
+func (r *Router) RouteWeighed(now time.Time, local, localCost, localLimit time.Duration) Choice {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	localCost = max(localCost, local)
 	mustLeave := local > localLimit
 	var best *site
 	var bestStart time.Duration
+	known := false // some site is fresh and predictable
 	for _, s := range r.sites {
 		if !r.fresh(s, now) {
 			continue
 		}
-		limit := local
+		limit := localCost
 		if mustLeave {
 			limit = maxPrediction
 		}
@@ -371,15 +384,14 @@ func (r *Router) Route(now time.Time, local, localLimit time.Duration) Choice {
 		if !ok {
 			continue
 		}
-		if best == nil || start < bestStart {
+		known = true
+		beats := mustLeave || start < local || (start <= s.delay && start < localCost)
+		if beats && (best == nil || start < bestStart) {
 			best, bestStart = s, start
 		}
 	}
 	if best == nil {
-		return Choice{Start: local}
-	}
-	if bestStart >= local && !mustLeave {
-		return Choice{Start: local, Fresh: true}
+		return Choice{Start: local, Fresh: known}
 	}
 	best.sent++
 	best.sends[best.nSends%maxTrackedSends] = now
