@@ -121,40 +121,54 @@ type decision struct {
 	ok                 bool
 }
 
+// siteLoad is what the site's brokers know of its members and publishes
+// at one moment (siteMembers).
+type siteLoad struct {
+	// members are the online members of this broker and of the other
+	// brokers of the site whose states are fresh; elapsed, how long ago
+	// their predicted waits were read.
+	members []scoring.MemberSnapshot
+	elapsed time.Duration
+	// siblingPublishes is the other brokers' local publishes a second,
+	// as their states said.
+	siblingPublishes float64
+	// routed is true when other sites' states are known (RouteNearest).
+	routed bool
+}
+
 // siteMembers returns the members that would start a message queued in
-// the site's queues now, with how long ago their predicted waits were
-// read: this broker's and, with router, the other brokers' of this site
-// whose states are fresh (they consume the same queues). With siblings,
-// the members are copied into v.site with their waits as of now; without
-// (one broker a site), this broker's are returned as they are, uncopied.
-// v.mu is held.
-func (v *overflowView) siteMembers(now time.Time, router *wqroute.Router) ([]scoring.MemberSnapshot, time.Duration) {
-	elapsed := now.Sub(v.seen)
+// the site's queues now: this broker's and, with router, the other
+// brokers' of this site whose states are fresh (they consume the same
+// queues). With siblings, the members are copied into v.site with their
+// waits as of now; without (one broker a site), this broker's are
+// returned as they are, uncopied. v.mu is held.
+func (v *overflowView) siteMembers(now time.Time, router *wqroute.Router) siteLoad {
+	load := siteLoad{members: v.members, elapsed: now.Sub(v.seen), routed: router != nil}
 	if router == nil {
-		return v.members, elapsed
+		return load
 	}
-	v.site = router.AppendSiblings(now, v.site[:0])
+	v.site, load.siblingPublishes = router.AppendSiblings(now, v.site[:0])
 	if len(v.site) == 0 {
-		return v.members, elapsed
+		return load
 	}
 	for _, m := range v.members {
-		m.PredictedWait = max(m.PredictedWait-elapsed, 0)
+		m.PredictedWait = max(m.PredictedWait-load.elapsed, 0)
 		v.site = append(v.site, m)
 	}
-	return v.site, 0
+	load.members, load.elapsed = v.site, 0
+	return load
 }
 
 // localStart predicts how long a message queued now behind ahead others
-// would wait before a member of the site starts it, up to limit. With
-// router, members the prediction cannot cover (they have not finished
-// anything, and are busy or acknowledge on receipt) leave the message to
-// the TTL: it would wait at most the TTL here before it overflows, which
-// is what other sites are compared with. ok is false when nothing can be
-// said.
-func (v *overflowView) localStart(now time.Time, router *wqroute.Router, ahead int, limit time.Duration) (time.Duration, bool) {
-	members, elapsed := v.siteMembers(now, router)
-	wait, ok := wqroute.PredictStart(members, elapsed, ahead, limit)
-	if !ok && router != nil {
+// would wait before a member of the site starts it, up to limit. When
+// other sites are routed to, members the prediction cannot cover (they
+// have not finished anything, and are busy or acknowledge on receipt)
+// leave the message to the TTL: it would wait at most the TTL here before
+// it overflows, which is what other sites are compared with. ok is false
+// when nothing can be said. v.mu is held.
+func (v *overflowView) localStart(load siteLoad, ahead int, limit time.Duration) (time.Duration, bool) {
+	wait, ok := wqroute.PredictStart(load.members, load.elapsed, ahead, limit)
+	if !ok && load.routed {
 		return v.ttl, true
 	}
 	return wait, ok
@@ -180,9 +194,10 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 		if router != nil {
 			limit = max(limit, maxLocalPrediction)
 		}
-		wait, ok := v.localStart(now, router, v.readyWork+v.readyIntake, limit)
+		load := v.siteMembers(now, router)
+		wait, ok := v.localStart(load, v.readyWork+v.readyIntake, limit)
 		if ok && router != nil {
-			cost := v.localCost(now, wait, max(v.ttl, heldTTL))
+			cost := v.localCost(now, load, wait, max(v.ttl, heldTTL))
 			if c := router.RouteWeighed(now, wait, cost, max(v.ttl, heldTTL)); c.Fresh {
 				if c.Site != "" {
 					v.overflowed++
@@ -203,12 +218,13 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 
 // localCost is what keeping a message home that would wait wait costs
 // (wqroute.LocalCost), up to limit: the other sites' starts are compared
-// with it. The rate per member is this broker's publishes per online
-// member of its own; the service time, its members' mean. v.mu is held.
-func (v *overflowView) localCost(now time.Time, wait, limit time.Duration) time.Duration {
+// with it. The rate per member is the site's publishes (this broker's
+// and its siblings') per online member of the site; the service time,
+// those members' mean. v.mu is held.
+func (v *overflowView) localCost(now time.Time, load siteLoad, wait, limit time.Duration) time.Duration {
 	var sum time.Duration
 	online, timed := 0, 0
-	for _, m := range v.members {
+	for _, m := range load.members {
 		if !m.Online {
 			continue
 		}
@@ -221,7 +237,8 @@ func (v *overflowView) localCost(now time.Time, wait, limit time.Duration) time.
 	if online == 0 || timed == 0 || wait > limit {
 		return wait
 	}
-	return min(wqroute.LocalCost(wait, sum/time.Duration(timed), v.rate.PerSecond(now)/float64(online)), limit)
+	publishes := v.rate.PerSecond(now) + load.siblingPublishes
+	return min(wqroute.LocalCost(wait, sum/time.Duration(timed), publishes/float64(online)), limit)
 }
 
 // demandInputs returns what the router's Demand weighs: how long from
@@ -236,7 +253,7 @@ func (v *overflowView) demandInputs(now time.Time, router *wqroute.Router, recen
 	if v.published.IsZero() || now.Sub(v.published) > recent {
 		return 0, v.readyWork
 	}
-	wait, ok := v.localStart(now, router, v.readyWork+v.readyIntake, max(v.ttl, maxLocalPrediction))
+	wait, ok := v.localStart(v.siteMembers(now, router), v.readyWork+v.readyIntake, max(v.ttl, maxLocalPrediction))
 	if !ok {
 		wait = v.ttl
 	}
@@ -272,11 +289,12 @@ func (v *overflowView) dispatch(now time.Time, router *wqroute.Router) string {
 	if v.members == nil || v.readyWork == 0 {
 		return ""
 	}
-	wait, ok := v.localStart(now, router, v.readyWork+v.readyIntake-1, max(v.ttl, maxLocalPrediction))
+	load := v.siteMembers(now, router)
+	wait, ok := v.localStart(load, v.readyWork+v.readyIntake-1, max(v.ttl, maxLocalPrediction))
 	if !ok {
 		return ""
 	}
-	c := router.RouteWeighed(now, wait, v.localCost(now, wait, max(v.ttl, heldTTL)), max(v.ttl, heldTTL))
+	c := router.RouteWeighed(now, wait, v.localCost(now, load, wait, max(v.ttl, heldTTL)), max(v.ttl, heldTTL))
 	if c.Site == "" {
 		return ""
 	}
@@ -302,6 +320,7 @@ func (v *overflowView) state(site, broker, boot string, now time.Time, taken map
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	st := wqroute.StateOf(site, broker, boot, now, v.readyIntake, v.members, taken)
+	st.Publishes = v.rate.PerSecond(now)
 	elapsed := now.Sub(v.seen)
 	for i := range st.Members {
 		st.Members[i].Wait = max(st.Members[i].Wait-elapsed, 0)

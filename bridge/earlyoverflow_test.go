@@ -259,6 +259,47 @@ func TestOverflowViewDecideCountsSiblings(t *testing.T) {
 	}
 }
 
+// What staying home costs is weighed with the whole site: a broker
+// whose one 100 ms member takes 20 publishes a second would send a
+// message that waits 10 ms to an idle site 30 ms away (λS = 2 per
+// member), but with a sibling's two 20 ms members the site's load is a
+// third of that per member, and the message stays. The sibling's own
+// publishes count too: when it publishes as many again, it goes.
+func TestOverflowViewLocalCostWeighsTheSite(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Unix(1000, 0)
+	newView := func() *overflowView {
+		v := &overflowView{}
+		v.setMembers([]scoring.MemberSnapshot{member(10*ms, 100*ms)}, time.Second, now)
+		for i := range 40 { // 20 a second for the last two seconds
+			v.rate.Add(now.Add(-2*time.Second + time.Duration(i)*50*ms))
+		}
+		return v
+	}
+	idle := wqroute.MemberState{Service: 100 * ms}
+	near := wqroute.State{Site: "near", Broker: "n1", Sent: now.UnixNano(), Members: []wqroute.MemberState{idle, idle}}
+	alone := wqroute.NewRouter(wqroute.Config{Site: "here", Broker: "h1", StaleAfter: time.Second})
+	alone.Observe(near, now.Add(30*ms))
+	if d := newView().decide(now, alone); d.site != "near" || d.local != 10*ms {
+		t.Fatalf("alone: %+v, want near: 10 ms here weighs more than 30 ms there at λS = 2", d)
+	}
+
+	sibling := func(publishes float64) *wqroute.Router {
+		r := wqroute.NewRouter(wqroute.Config{Site: "here", Broker: "h1", StaleAfter: time.Second})
+		r.Observe(near, now.Add(30*ms))
+		busy := wqroute.MemberState{Wait: 10 * ms, Service: 20 * ms}
+		r.Observe(wqroute.State{Site: "here", Broker: "h2", Sent: now.UnixNano(), Members: []wqroute.MemberState{busy, busy}, Publishes: publishes}, now)
+		return r
+	}
+	d := newView().decide(now, sibling(0))
+	if d.site != "" || d.local != 10*ms || d.cost >= 30*ms {
+		t.Fatalf("with a quiet sibling's two 20 ms members: %+v, want it kept (cost under 30 ms)", d)
+	}
+	if d := newView().decide(now, sibling(80)); d.site != "near" {
+		t.Fatalf("with a sibling publishing 80 a second: %+v, want near", d)
+	}
+}
+
 // Local members that cannot be predicted (busy, no service time yet)
 // would keep a publish at most the TTL: a site that starts it sooner
 // gets it; one that would start it later does not.

@@ -30,15 +30,15 @@ import (
 // 1.4 ms, 1–2 gaps of 9 ms or more in 199. With the wake hook removed the
 // loop still finds most messages soon: mean 2.3–2.8 ms, median 1.6–1.8
 // ms, 9–10 long gaps (why so few wait out the 10 ms look was not looked
-// into). Under
-// make test, where another package's RabbitMQ nodes share the two cores,
-// a working path measured mean 4.98 ms, median 3.09 ms and 14 long gaps,
-// the mean pulled up by stalls of the whole machine (one gap of 94 ms).
-// So this end-to-end test guards only that the pull path stays well below
-// the loop's 10 ms look: a median gap under 4 ms and at most 10 % of the
-// gaps at 9 ms or more (the mean is logged). That the wake comes after the
-// selection engine counted the PUBACK is proven deterministically by
-// TestWakeAfterSelectionCounted.
+// into). Under make test, where other packages' RabbitMQ nodes share the
+// two cores, working paths measured mean 4.98 ms, median 3.09 ms and 14
+// long gaps (one gap of 94 ms: a stall of the whole machine), and on the
+// CI machine mean 4.61 ms, median 3.24 ms and 22 long gaps. So this
+// end-to-end test guards only that the pull path does not wait out the
+// loop's 10 ms look as a rule: a median gap under 6 ms and at most a
+// quarter of the gaps at 9 ms or more (the mean is logged). That the wake
+// comes after the selection engine counted the PUBACK is proven
+// deterministically by TestWakeAfterSelectionCounted.
 func TestWorkQueuePullsAsSoonAsMemberFree(t *testing.T) {
 	h := sharedNodes(t)
 	n := h.Node("berlin")
@@ -136,6 +136,6 @@ func TestWorkQueuePullsAsSoonAsMemberFree(t *testing.T) {
 	t.Logf("%d messages of %v in %v; member idle between messages: mean %v, median %v, p90 %v, max %v, %d gaps of 9 ms or more",
 		count, service, total.Round(time.Millisecond), mean.Round(10*time.Microsecond), median.Round(10*time.Microsecond),
 		p90.Round(10*time.Microsecond), worst.Round(10*time.Microsecond), long)
-	require.Less(t, median, 4*time.Millisecond, "median idle gap")
-	require.LessOrEqual(t, long, count/10, "gaps of a pull loop that slept 10 ms")
+	require.Less(t, median, 6*time.Millisecond, "median idle gap")
+	require.LessOrEqual(t, long, count/4, "gaps of a pull loop that slept 10 ms")
 }

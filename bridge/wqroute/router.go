@@ -33,6 +33,10 @@ type State struct {
 	// broker has taken back from the link queues towards silent sites
 	// since it started: that broker's router unbooks them (Observe).
 	Unbooked map[string]map[string]uint64 `json:"unbooked,omitempty"`
+	// Publishes is the broker's rate of local publishes (a second,
+	// PublishRate) when it sent the state: its siblings weigh their
+	// site's members' time by the whole site's publishes (LocalCost).
+	Publishes float64 `json:"publishes,omitempty"`
 }
 
 // MemberState is one online member in a State.
@@ -104,6 +108,8 @@ type brokerState struct {
 	// unbooked is, for a sibling, its last State.Unbooked of the Router's
 	// broker, by site.
 	unbooked map[string]uint64
+	// publishes is, for a sibling, its last State.Publishes.
+	publishes float64
 }
 
 // site is what a Router knows of one other site: the last state of each
@@ -225,7 +231,7 @@ func (r *Router) Observe(st State, arrived time.Time) {
 			return
 		}
 		r.unbookTakenBack(b, st)
-		b.members, b.sentAt, b.arrived = members, sent, arrived
+		b.members, b.sentAt, b.arrived, b.publishes = members, sent, arrived, st.Publishes
 		return
 	}
 	s := r.find(st.Site)
@@ -290,21 +296,25 @@ func (r *Router) unbookTakenBack(b *brokerState, st State) {
 // AppendSiblings appends to dst the online members of the other brokers
 // of the Router's own site whose states are fresh at now, their waits as
 // of now: a message queued at the site is started by whichever broker's
-// member frees first. It allocates only when dst has no room.
-func (r *Router) AppendSiblings(now time.Time, dst []scoring.MemberSnapshot) []scoring.MemberSnapshot {
+// member frees first. It also returns the sum of those brokers'
+// publish rates (State.Publishes). It allocates only when dst has no
+// room.
+func (r *Router) AppendSiblings(now time.Time, dst []scoring.MemberSnapshot) ([]scoring.MemberSnapshot, float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	publishes := 0.0
 	for _, b := range r.siblings {
 		age := now.Sub(b.arrived)
 		if age > r.cfg.StaleAfter {
 			continue
 		}
+		publishes += b.publishes
 		for _, m := range b.members {
 			m.PredictedWait = max(m.PredictedWait-age, 0)
 			dst = append(dst, m)
 		}
 	}
-	return dst
+	return dst, publishes
 }
 
 func (r *Router) find(name string) *site {

@@ -229,16 +229,16 @@ func TestRouteSumsTheBrokersOfASite(t *testing.T) {
 func TestRouteKeepsSiblingsApart(t *testing.T) {
 	r := NewRouter(Config{Site: "here", Broker: "h1", StaleAfter: time.Second})
 	r.Observe(State{Site: "here", Broker: "h1", Sent: t0.UnixNano(), Members: []MemberState{{Service: ms}}}, t0)
-	r.Observe(State{Site: "here", Broker: "h2", Sent: t0.UnixNano(), Members: []MemberState{{Wait: 300 * ms, Service: 100 * ms}}}, t0.Add(ms))
+	r.Observe(State{Site: "here", Broker: "h2", Sent: t0.UnixNano(), Members: []MemberState{{Wait: 300 * ms, Service: 100 * ms}}, Publishes: 7}, t0.Add(ms))
 	if n := r.FreshSites(t0.Add(ms)); n != 0 {
 		t.Fatalf("FreshSites = %d, want 0: siblings are not another site", n)
 	}
-	got := r.AppendSiblings(t0.Add(101*ms), nil)
-	if len(got) != 1 || got[0].PredictedWait != 200*ms || got[0].ServiceEstimate != 100*ms {
-		t.Fatalf("AppendSiblings = %+v, want h2's member, 200ms to wait", got)
+	got, publishes := r.AppendSiblings(t0.Add(101*ms), nil)
+	if len(got) != 1 || got[0].PredictedWait != 200*ms || got[0].ServiceEstimate != 100*ms || publishes != 7 {
+		t.Fatalf("AppendSiblings = %+v, %v publishes a second, want h2's member, 200ms to wait, and 7", got, publishes)
 	}
-	if got := r.AppendSiblings(t0.Add(1002*ms), nil); len(got) != 0 {
-		t.Fatalf("AppendSiblings after its state went stale = %+v, want none", got)
+	if got, publishes := r.AppendSiblings(t0.Add(1002*ms), nil); len(got) != 0 || publishes != 0 {
+		t.Fatalf("AppendSiblings after its state went stale = %+v, %v publishes a second, want none", got, publishes)
 	}
 }
 
