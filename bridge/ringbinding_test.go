@@ -130,6 +130,7 @@ func TestRetuneRemovesBindingsItDidNotMake(t *testing.T) {
 			MaxLengthPerMember: 10,
 			TTLPerMember:       200 * time.Millisecond,
 			RetuneInterval:     50 * time.Millisecond,
+			Route:              bridge.RouteRing,
 		},
 	})
 

@@ -173,6 +173,7 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 		TTLPerMember:       ttl,
 		TTLOverflowOnly:    s.ttlOverflowOnly,
 		RetuneInterval:     100 * time.Millisecond,
+		Route:              bridge.RouteRing, // these cases are the TTL, eq. 2.13's weights and the hash ring
 	})
 	tl := newTally()
 	ws := map[string][]*worker{}

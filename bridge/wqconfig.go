@@ -51,10 +51,12 @@ const (
 	// TTL goes to the dead-letter exchange, whose consistent-hash ring
 	// picks a site in proportion to eq. 2.13's weights.
 	RouteRing = "ring"
-	// RouteNearest: each site publishes its group state; a publish goes
-	// straight to the site whose members would start it soonest, one-way
-	// delay included, when that is not this site; the ring stays for TTL
-	// expiries and while no other site's state is fresh.
+	// RouteNearest (the default): each site publishes its group state; a
+	// publish goes straight to the site whose members would start it
+	// soonest, one-way delay included, when that is not this site; the
+	// ring stays for TTL expiries and while no other site's state is
+	// fresh. It beat RouteRing in every cell of luffy-bench's sites matrix
+	// but one (bench/results/sites-matrix, docs/sites.md).
 	RouteNearest = "nearest"
 )
 
@@ -127,7 +129,7 @@ type WorkQueueConfig struct {
 	// start within the TTL goes to the dead-letter exchange at once
 	// (overflow at publish, see earlyoverflow.go).
 	TTLOverflowOnly bool
-	// Route is RouteRing (the default) or RouteNearest. It has no effect
+	// Route is RouteNearest (the default) or RouteRing. It has no effect
 	// with TTLOverflowOnly.
 	Route string
 	// StateInterval is how often at most a broker publishes its group
@@ -186,7 +188,7 @@ func (c WorkQueueConfig) withDefaults(amqpURL string, groups bool) (WorkQueueCon
 	}
 	switch c.Route {
 	case "":
-		c.Route = RouteRing
+		c.Route = RouteNearest
 	case RouteNearest, RouteRing:
 	default:
 		return c, fmt.Errorf("%w: wq-route %q: want %s or %s", ErrInvalidConfig, c.Route, RouteNearest, RouteRing)

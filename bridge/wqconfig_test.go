@@ -32,7 +32,7 @@ func TestWQConfigTuning(t *testing.T) {
 	capa := c.capacity(idle)
 	require.Equal(t, 600, capa.MaxLength)
 	require.Equal(t, 100*time.Millisecond, capa.TTL)
-	require.Equal(t, RouteRing, c.Route, "default routing")
+	require.Equal(t, RouteNearest, c.Route, "default routing")
 	require.Equal(t, DefaultStateInterval, c.StateInterval)
 	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteRing}, "berlin", "b1"))
 	require.Nil(t, newGroupRouter(WorkQueueConfig{Route: RouteNearest, TTLOverflowOnly: true}, "berlin", "b1"), "the thesis's rule routes nothing at publish")

@@ -79,11 +79,11 @@ func DefaultSitesMatrixConfig() SitesMatrixConfig {
 		Topologies:    slices.Clone(DefaultSitesTopologies),
 		Scales:        []float64{1, 3, 10},
 		Scenarios:     []string{SitesWQBalanced, SitesWQLocal},
-		Architectures: []string{ArchLuffyMQNearest, ArchLuffyMQ, ArchLuffyMQTTLOnly, ArchQueueFederation, ArchCloud},
+		Architectures: []string{ArchLuffyMQ, ArchLuffyMQRing, ArchLuffyMQTTLOnly, ArchQueueFederation, ArchCloud},
 		Repeat:        1,
 		ServiceTimes:  30,
 		MinDuration:   10 * time.Second,
-		Primary:       ArchLuffyMQNearest,
+		Primary:       ArchLuffyMQ,
 	}
 }
 
@@ -561,7 +561,7 @@ func sitesMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	repeat := fs.Int("repeat", d.Repeat, "runs per cell (medians are reported)")
 	serviceTimes := fs.Float64("service-times", d.ServiceTimes, "publishing time of each run, in service times")
 	minDur := fs.Duration("min-duration", d.MinDuration, "shortest publishing time of a run")
-	wqState := fs.Duration("wq-state-interval", 0, "luffymq's "+flagWQStateInterval+" for "+ArchLuffyMQNearest+" (0: its default, "+bridge.DefaultStateInterval.String()+", not scaled)")
+	wqState := fs.Duration("wq-state-interval", 0, "luffymq's "+flagWQStateInterval+" for "+ArchLuffyMQ+" and "+ArchLuffyMQNearest+" (0: its default, "+bridge.DefaultStateInterval.String()+", not scaled)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -22,12 +22,12 @@ func matrixRun(arch string, mean, p99 float64, wan int64, oracle float64) SitesM
 // was fast.
 func TestSitesMatrixGoals(t *testing.T) {
 	c := SitesMatrixCell{Topology: "t", Scale: 10, Scenario: SitesWQBalanced, Runs: [][]SitesMatrixRun{
-		{matrixRun(ArchLuffyMQNearest, 50, 200, 100, 40), matrixRun(ArchQueueFederation, 100, 400, 300, 40)},  // 0.5×
-		{matrixRun(ArchLuffyMQNearest, 90, 500, 100, 40), matrixRun(ArchQueueFederation, 100, 400, 300, 40)},  // 0.9×
-		{matrixRun(ArchLuffyMQNearest, 55, 300, 100, 40), matrixRun(ArchQueueFederation, 1000, 900, 300, 40)}, // 0.055×
+		{matrixRun(ArchLuffyMQ, 50, 200, 100, 40), matrixRun(ArchQueueFederation, 100, 400, 300, 40)},  // 0.5×
+		{matrixRun(ArchLuffyMQ, 90, 500, 100, 40), matrixRun(ArchQueueFederation, 100, 400, 300, 40)},  // 0.9×
+		{matrixRun(ArchLuffyMQ, 55, 300, 100, 40), matrixRun(ArchQueueFederation, 1000, 900, 300, 40)}, // 0.055×
 	}}
 	got := map[string]sitesMatrixGoal{}
-	for _, g := range c.goals(ArchLuffyMQNearest) {
+	for _, g := range c.goals(ArchLuffyMQ) {
 		got[g.name] = g
 	}
 	want := map[string]bool{
@@ -51,7 +51,7 @@ func TestSitesMatrixGoals(t *testing.T) {
 	}
 	// One lost message anywhere fails the cell.
 	c.Runs[1][0].Lost = 1
-	for _, g := range c.goals(ArchLuffyMQNearest) {
+	for _, g := range c.goals(ArchLuffyMQ) {
 		if g.name == "0 lost, 0 duplicated" && g.met {
 			t.Error("a lost message still meets the goal")
 		}
@@ -62,9 +62,9 @@ func TestSitesMatrixGoals(t *testing.T) {
 // latency goal.
 func TestSitesMatrixGoalsUnmeasured(t *testing.T) {
 	c := SitesMatrixCell{Scenario: SitesWQLocal, Runs: [][]SitesMatrixRun{
-		{matrixRun(ArchLuffyMQNearest, math.NaN(), math.NaN(), 0, 40), matrixRun(ArchQueueFederation, 100, 400, 300, 40)},
+		{matrixRun(ArchLuffyMQ, math.NaN(), math.NaN(), 0, 40), matrixRun(ArchQueueFederation, 100, 400, 300, 40)},
 	}}
-	for _, g := range c.goals(ArchLuffyMQNearest) {
+	for _, g := range c.goals(ArchLuffyMQ) {
 		if g.met {
 			t.Errorf("goal %q met without a measurement (%s)", g.name, g.measured)
 		}
@@ -77,11 +77,11 @@ func TestWriteSitesMatrix(t *testing.T) {
 	dir := t.TempDir()
 	cfg := DefaultSitesMatrixConfig()
 	cfg.Scenarios = []string{SitesWQBalanced}
-	cfg.Architectures = []string{ArchLuffyMQNearest, ArchQueueFederation}
+	cfg.Architectures = []string{ArchLuffyMQ, ArchQueueFederation}
 	res := &SitesMatrixResults{Generated: time.Date(2026, 11, 27, 4, 0, 0, 0, time.UTC), Config: cfg, RabbitMQ: "3.10.8"}
 	for _, scale := range []float64{1, 10} {
 		c := res.cell("tunis-busy-4", scale, SitesWQBalanced)
-		c.Runs = append(c.Runs, []SitesMatrixRun{matrixRun(ArchLuffyMQNearest, 80, 300, 1500, 50), matrixRun(ArchQueueFederation, 150, 900, 900, 50)})
+		c.Runs = append(c.Runs, []SitesMatrixRun{matrixRun(ArchLuffyMQ, 80, 300, 1500, 50), matrixRun(ArchQueueFederation, 150, 900, 900, 50)})
 	}
 	if err := writeSitesMatrix(dir, res); err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestWriteSitesMatrix(t *testing.T) {
 		}
 	}
 	// A run that measured nothing is written too (JSON has no NaN).
-	res.cell("tokyo-busy-3", 3, SitesWQBalanced).Runs = [][]SitesMatrixRun{{matrixRun(ArchLuffyMQNearest, math.NaN(), math.NaN(), 0, math.NaN()), matrixRun(ArchQueueFederation, 150, 900, 900, 50)}}
+	res.cell("tokyo-busy-3", 3, SitesWQBalanced).Runs = [][]SitesMatrixRun{{matrixRun(ArchLuffyMQ, math.NaN(), math.NaN(), 0, math.NaN()), matrixRun(ArchQueueFederation, 150, 900, 900, 50)}}
 	if err := writeSitesMatrix(dir, res); err != nil {
 		t.Fatalf("a NaN in the results: %v", err)
 	}

@@ -19,6 +19,7 @@ var archColors = map[string]color.Color{
 	ArchLuffyMQ:          harness.Palette[0],
 	ArchLuffyMQTTLOnly:   harness.Palette[5],
 	ArchLuffyMQNearest:   harness.Palette[7],
+	ArchLuffyMQRing:      harness.Palette[6],
 	ArchFullMesh:         harness.Palette[2],
 	ArchQueueFederation:  harness.Palette[2],
 	ArchStar:             harness.Palette[4],

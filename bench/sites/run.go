@@ -410,18 +410,20 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 	setupBegan := time.Now()
 	cloud := -1
 	switch run.Architecture {
-	case ArchLuffyMQ, ArchLuffyMQNearest, ArchLuffyMQTTLOnly:
+	case ArchLuffyMQ, ArchLuffyMQRing, ArchLuffyMQNearest, ArchLuffyMQTTLOnly:
 		share := "$share/" + wqGroup + "/" + wqGroup + "/#"
 		brokers := make([]*siteBroker, n)
 		args := []string{"--export-group", share}
 		switch run.Architecture {
 		case ArchLuffyMQTTLOnly:
 			args = append(args, flagWQTTLOnly)
+		case ArchLuffyMQRing:
+			args = append(args, flagWQRoute, bridge.RouteRing)
 		case ArchLuffyMQNearest:
 			args = append(args, flagWQRoute, bridge.RouteNearest)
-			if r.cfg.WQStateInterval > 0 {
-				args = append(args, flagWQStateInterval, r.cfg.WQStateInterval.String())
-			}
+		}
+		if run.Architecture != ArchLuffyMQRing && run.Architecture != ArchLuffyMQTTLOnly && r.cfg.WQStateInterval > 0 {
+			args = append(args, flagWQStateInterval, r.cfg.WQStateInterval.String())
 		}
 		for i, s := range w.Sites {
 			b, err := r.env.startSiteBroker(ctx, s, logName(run), args...)
@@ -477,7 +479,7 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 		if err := r.env.waitLinks(ctx, 2*n*(n-1), 60*time.Second); err != nil {
 			return err
 		}
-		run.Clients = "MQTT v5 (paho.golang) to the site's luffymq: one QoS 1 producer per site, members of $share/jobs/jobs/# that acknowledge after processing; luffymq bridges to wq.jobs on the site's RabbitMQ, overflow into the consistent-hash exchange at publish when the local members would not start a message within the queue's TTL (luffymq-nearest: each publish routed straight to the site whose members would start it soonest, one-way delay included), or by TTL / max length; intake and route exchanges federated from every other site (configuration messages through luffymq.config.<site>)"
+		run.Clients = "MQTT v5 (paho.golang) to the site's luffymq: one QoS 1 producer per site, members of $share/jobs/jobs/# that acknowledge after processing; luffymq bridges to wq.jobs on the site's RabbitMQ; each publish is routed straight to the site whose members would start it soonest, one-way delay included (luffymq-ring: overflow into the consistent-hash exchange at publish when the local members would not start a message within the queue's TTL; luffymq-ttl-only: by TTL / max length); intake and route exchanges federated from every other site (configuration messages through luffymq.config.<site>)"
 	case ArchQueueFederation:
 		for _, s := range w.Sites {
 			if err := declareAMQP(r.env.node(s).AMQPURL(), []string{queue}, nil); err != nil {

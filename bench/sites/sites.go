@@ -67,7 +67,7 @@ type SitesConfig struct {
 	WQMaxLengthPerMember int           `json:"wq_max_length_per_member"`
 	WQUnackedPerMember   int           `json:"wq_unacked_per_member"`
 	WQRetuneInterval     time.Duration `json:"wq_retune_interval_ns"`
-	// WQStateInterval is given to luffymq-nearest's brokers
+	// WQStateInterval is given to luffymq's and luffymq-nearest's brokers
 	// (--wq-state-interval) when not zero; zero keeps the binary's
 	// default, not scaled.
 	WQStateInterval time.Duration `json:"wq_state_interval_ns,omitempty"`
@@ -591,8 +591,8 @@ func wqNote(cfg SitesConfig) string {
 	} else {
 		note += fmt.Sprintf(" The policy and weights are retuned every %s (the default is %s).", fmtFlagDur(c.WQRetuneInterval), fmtFlagDur(bridge.DefaultRetuneInterval))
 	}
-	note += " luffymq overflows at publish (a message its site's members would not start within the TTL goes to the dead-letter exchange's consistent-hash ring at once); " +
-		ArchLuffyMQNearest + " is the same brokers with " + flagWQRoute + " nearest: each publish goes to the site whose members would start it soonest, one-way delay included (every site publishes its group state over federation about every 100 ms while it changes); " +
+	note += " luffymq runs with its default " + flagWQRoute + " nearest: each publish goes to the site whose members would start it soonest, one-way delay included (every site publishes its group state over federation about every 100 ms while another asks for it); " +
+		ArchLuffyMQRing + " is the same brokers with " + flagWQRoute + " ring: a message its site's members would not start within the TTL goes to the dead-letter exchange's consistent-hash ring at once; " +
 		ArchLuffyMQTTLOnly + " is the same brokers with " + flagWQTTLOnly + ", the thesis's rule: a message leaves wq.jobs only when its TTL expires or the queue is full."
 	return note
 }
@@ -623,7 +623,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	wqMaxLength := fs.Int("wq-max-length-per-member", 0, fmt.Sprintf("luffymq's %s (0: its default, %d)", flagWQMaxLength, bridge.DefaultMaxLengthPerMember))
 	wqUnacked := fs.Int("wq-unacked-per-member", 0, fmt.Sprintf("luffymq's %s (0: its default, %d)", flagWQUnacked, bridge.DefaultUnackedPerMember))
 	wqRetune := fs.Duration("wq-retune-interval", 0, "luffymq's "+flagWQRetune+" (0: its default, "+bridge.DefaultRetuneInterval.String()+", not scaled)")
-	wqState := fs.Duration("wq-state-interval", 0, "luffymq's "+flagWQStateInterval+" for "+ArchLuffyMQNearest+" (0: its default, "+bridge.DefaultStateInterval.String()+", not scaled)")
+	wqState := fs.Duration("wq-state-interval", 0, "luffymq's "+flagWQStateInterval+" for "+ArchLuffyMQ+" and "+ArchLuffyMQNearest+" (0: its default, "+bridge.DefaultStateInterval.String()+", not scaled)")
 	trace := fs.Bool("trace", false, "write trace-<scenario>-<architecture>.csv per work-queue run in --out: each message's origin, publish time, the site that started it and when (LUFFY_BENCH_SITES_LOG_LEVEL=debug adds luffymq's route choices, with the router's inputs, to logs/)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -82,7 +82,7 @@ func TestSitesSmoke(t *testing.T) {
 			}
 		}
 	}
-	for _, arch := range []string{ArchLuffyMQ, ArchLuffyMQNearest, ArchLuffyMQTTLOnly, ArchQueueFederation, ArchFullMesh, ArchStar, ArchRandom, ArchCloud, ArchCloudDist, ArchReconfigConserve, ArchReconfigDiscard} {
+	for _, arch := range []string{ArchLuffyMQ, ArchLuffyMQRing, ArchLuffyMQTTLOnly, ArchQueueFederation, ArchFullMesh, ArchStar, ArchRandom, ArchCloud, ArchCloudDist, ArchReconfigConserve, ArchReconfigDiscard} {
 		require.True(t, seen[arch], "architecture %s not covered", arch)
 	}
 	fm, lm := findRun(res.Runs, SitesPSDynamic, ArchFullMesh), findRun(res.Runs, SitesPSDynamic, ArchLuffyMQ)

@@ -38,18 +38,25 @@ var SitesScenarios = []string{SitesWQLocal, SitesWQBalanced, SitesPSB, SitesPSP,
 // Architectures compared by luffy-bench sites.
 const (
 	// ArchLuffyMQ: one luffymq per site with the bridge on the site's
-	// RabbitMQ node; pub/sub through one synchronisation instance per
-	// exchange placed by placement.Improved, work queues with LuffyMQ
-	// overflow.
+	// RabbitMQ node, with its default flags; pub/sub through one
+	// synchronisation instance per exchange placed by placement.Improved,
+	// work queues routed by the sites' group states (--wq-route nearest,
+	// the default since 2026-11-27; results generated before then measured
+	// the ring under this name, now ArchLuffyMQRing).
 	ArchLuffyMQ = "luffymq"
+	// ArchLuffyMQRing: the same with --wq-route ring, the thesis's
+	// routing: a publish the site's members would not start within the
+	// TTL goes to the dead-letter exchange's consistent-hash ring at once.
+	ArchLuffyMQRing = "luffymq-ring"
 	// ArchLuffyMQTTLOnly: the same with --wq-ttl-overflow-only, the
 	// thesis's overflow rule (a message leaves wq.<g> only when its TTL
 	// expires or the queue is full), measured beside overflow at publish.
 	ArchLuffyMQTTLOnly = "luffymq-ttl-only"
-	// ArchLuffyMQNearest: the same with --wq-route nearest: each publish
-	// goes straight to the site whose members would start it soonest,
-	// one-way delay included, by the group states the sites publish,
-	// instead of through the dead-letter exchange's consistent-hash ring.
+	// ArchLuffyMQNearest: the same with --wq-route nearest given
+	// explicitly: each publish goes straight to the site whose members
+	// would start it soonest, one-way delay included, by the group states
+	// the sites publish. On a current luffymq it is ArchLuffyMQ; it stays
+	// for binaries older than the default's change.
 	ArchLuffyMQNearest = "luffymq-nearest"
 	// ArchQueueFederation: plain RabbitMQ, queue federation in a full mesh,
 	// AMQP clients.
@@ -81,7 +88,7 @@ const (
 func sitesArchitectures(scenario string) []string {
 	switch scenario {
 	case SitesWQLocal, SitesWQBalanced:
-		return []string{ArchLuffyMQ, ArchLuffyMQNearest, ArchLuffyMQTTLOnly, ArchQueueFederation, ArchCloud, ArchCloudDist}
+		return []string{ArchLuffyMQ, ArchLuffyMQRing, ArchLuffyMQTTLOnly, ArchQueueFederation, ArchCloud, ArchCloudDist}
 	case SitesReconfig:
 		return []string{ArchReconfigConserve, ArchReconfigDiscard}
 	}
