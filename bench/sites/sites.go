@@ -225,7 +225,7 @@ func (c SitesConfig) validate() error {
 	}
 	all := map[string]bool{}
 	for _, s := range SitesScenarios {
-		for _, a := range sitesArchitectures(s) {
+		for _, a := range append(sitesArchitectures(s), sitesOnRequest(s)...) {
 			all[a] = true
 		}
 	}
@@ -415,7 +415,7 @@ func (c SitesConfig) sitesRunsFor(scenario string) []string {
 		return archs
 	}
 	var out []string
-	for _, a := range archs {
+	for _, a := range append(archs, sitesOnRequest(scenario)...) {
 		if slices.Contains(c.Architectures, a) {
 			out = append(out, a)
 		}

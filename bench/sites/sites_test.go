@@ -373,6 +373,15 @@ func TestSitesConfigValidation(t *testing.T) {
 	require.Contains(t, thesis.TimeScale(), "at the thesis's own time scale: consumers take 1s per message, producers send 1 msg/s")
 	require.NotContains(t, thesis.TimeScale(), "down from the thesis")
 	require.Equal(t, []string{ArchLuffyMQ, ArchCloud}, SitesConfig{Architectures: []string{ArchCloud, ArchLuffyMQ}}.sitesRunsFor(SitesPSB))
+	// luffymq-nearest runs only when named (it is luffymq's default now),
+	// for binaries older than that.
+	require.NotContains(t, SitesConfig{}.sitesRunsFor(SitesWQBalanced), ArchLuffyMQNearest)
+	require.Equal(t, []string{ArchQueueFederation, ArchLuffyMQNearest}, SitesConfig{Architectures: []string{ArchLuffyMQNearest, ArchQueueFederation}}.sitesRunsFor(SitesWQBalanced))
+	cfg := DefaultSitesConfig()
+	cfg.Out, cfg.Architectures = t.TempDir(), []string{ArchLuffyMQNearest, ArchQueueFederation}
+	require.NoError(t, cfg.validate())
+	cfg.Architectures = []string{"luffymq-closest"}
+	require.ErrorContains(t, cfg.validate(), `unknown architecture "luffymq-closest"`)
 
 	// luffymq's work-queue constants: the TTL divided by the time scale,
 	// counts and the retune interval kept; stated in the time scale and

@@ -83,6 +83,15 @@ const (
 	ArchReconfigDiscard  = "luffymq-discard"
 )
 
+// sitesOnRequest gives the architectures a scenario runs only when
+// --architectures names them, after sitesArchitectures' in report order.
+func sitesOnRequest(scenario string) []string {
+	if isWorkQueue(scenario) {
+		return []string{ArchLuffyMQNearest}
+	}
+	return nil
+}
+
 // sitesArchitectures gives each scenario's architectures in report order;
 // the first baseline named by sitesReference is the ratio reference.
 func sitesArchitectures(scenario string) []string {
