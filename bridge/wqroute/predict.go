@@ -115,8 +115,12 @@ const maxTrackedSends = 32
 // whose wait ran out before a message arrived starts it on arrival, not
 // at the message's own arrival as PredictStart must assume: a message
 // sent 80 ms earlier to an idle site is 80 ms into its service already.
-// Groups beyond maxSimulatedMembers are left to PredictStart.
-func predictStartAfter(members []scoring.MemberSnapshot, elapsed time.Duration, extra int, arrivals []time.Duration, limit time.Duration) (time.Duration, bool) {
+// idleTakers are the site's own publishes expected meanwhile, spread
+// evenly over the elapsed time: each takes a member only if one is free
+// when it arrives (otherwise it queues behind the intake, where the
+// message is not). Groups beyond maxSimulatedMembers are left to
+// PredictStart.
+func predictStartAfter(members []scoring.MemberSnapshot, elapsed time.Duration, extra int, arrivals []time.Duration, idleTakers int, limit time.Duration) (time.Duration, bool) {
 	var free, service [maxSimulatedMembers]time.Duration
 	n := 0
 	for _, m := range members {
@@ -162,7 +166,22 @@ func predictStartAfter(members []scoring.MemberSnapshot, elapsed time.Duration, 
 			return start, true
 		}
 	}
+	taker := 0
+	takerArrival := func() time.Duration {
+		return -elapsed * time.Duration(idleTakers-taker) / time.Duration(idleTakers+1)
+	}
+	takeIfIdle := func(at time.Duration) {
+		if i := next(); free[i] <= at {
+			free[i] = untimed
+			if service[i] < untimed {
+				free[i] = at + service[i]
+			}
+		}
+	}
 	for _, a := range arrivals {
+		for ; taker < idleTakers && takerArrival() <= a; taker++ {
+			takeIfIdle(takerArrival())
+		}
 		start, ok := place(a)
 		if !ok {
 			return 0, false
@@ -170,6 +189,9 @@ func predictStartAfter(members []scoring.MemberSnapshot, elapsed time.Duration, 
 		if start > limit {
 			return start, true
 		}
+	}
+	for ; taker < idleTakers; taker++ {
+		takeIfIdle(takerArrival())
 	}
 	if i := next(); free[i] < untimed {
 		return max(free[i], 0), true

@@ -108,7 +108,7 @@ type brokerState struct {
 	// unbooked is, for a sibling, its last State.Unbooked of the Router's
 	// broker, by site.
 	unbooked map[string]uint64
-	// publishes is, for a sibling, its last State.Publishes.
+	// publishes is its last State.Publishes.
 	publishes float64
 }
 
@@ -123,6 +123,9 @@ type site struct {
 	merged      []scoring.MemberSnapshot
 	arrived     time.Time
 	mergedUntil time.Time
+	// publishes is the merged brokers' local publishes a second: they
+	// race a routed message for the members that are idle.
+	publishes float64
 	// intake is the other sites' messages ready in the site's intake
 	// queue, by its newest state.
 	intake int
@@ -175,10 +178,12 @@ func brokerNamed(brokers *[]*brokerState, name string) *brokerState {
 func (s *site) merge(now time.Time, staleAfter time.Duration) {
 	s.merged = s.merged[:0]
 	s.mergedUntil = now.Add(staleAfter)
+	s.publishes = 0
 	for _, b := range s.brokers {
 		if now.Sub(b.arrived) > staleAfter {
 			continue
 		}
+		s.publishes += b.publishes
 		if until := b.arrived.Add(staleAfter); until.Before(s.mergedUntil) {
 			s.mergedUntil = until
 		}
@@ -254,7 +259,7 @@ func (r *Router) Observe(st State, arrived time.Time) {
 		b.since = 0
 	}
 	b.boot, b.taken = st.Boot, taken
-	b.members, b.sentAt, b.arrived = members, sent, arrived
+	b.members, b.sentAt, b.arrived, b.publishes = members, sent, arrived, st.Publishes
 	if !arrived.Before(s.arrived) {
 		s.arrived, s.intake = arrived, st.Intake
 	}
@@ -538,9 +543,25 @@ func (s *site) start(now time.Time, limit, credit time.Duration) (time.Duration,
 		}
 	}
 	extra := max(s.intake-out, 0) + out - known
-	wait, ok := predictStartAfter(s.merged, elapsed, extra, arrivals[:known], max(limit-s.delay, 0))
+	// The site's own publishes meanwhile (from its state until the
+	// message arrives) take members that are idle when they come: the
+	// start is interpolated between the whole numbers around how many
+	// are expected, so that a member likely taken counts in part.
+	takers := min(s.publishes*elapsed.Seconds(), maxIdleTakers)
+	whole := int(takers)
+	limit = max(limit-s.delay, 0)
+	wait, ok := predictStartAfter(s.merged, elapsed, extra, arrivals[:known], whole, limit)
 	if !ok {
 		return 0, false
 	}
+	if part := takers - float64(whole); part > 0 && wait <= limit {
+		if next, ok := predictStartAfter(s.merged, elapsed, extra, arrivals[:known], whole+1, limit); ok {
+			wait += time.Duration(part * float64(next-wait))
+		}
+	}
 	return s.delay + wait, true
 }
+
+// maxIdleTakers bounds how many of a site's own publishes are expected
+// to race a routed message (site.start).
+const maxIdleTakers = 16

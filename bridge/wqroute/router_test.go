@@ -268,7 +268,9 @@ func BenchmarkRoute(b *testing.B) {
 		for k := range waits {
 			waits[k] = time.Duration(k*10+i) * ms
 		}
-		r.Observe(stateAt(name, now, 2, waits...), now.Add(time.Duration(20*(i+1))*ms))
+		st := stateAt(name, now, 2, waits...)
+		st.Publishes = 25 // 2.5 to 4.5 expected meanwhile: two predictions a site
+		r.Observe(st, now.Add(time.Duration(20*(i+1))*ms))
 	}
 	now = now.Add(100 * ms)
 	b.ReportAllocs()
@@ -498,7 +500,7 @@ func TestPredictStartAfterMatchesPredictStartWithoutArrivals(t *testing.T) {
 	}
 	for ahead := range 8 {
 		want, wantOK := PredictStart(members, 0, ahead, time.Hour)
-		got, ok := predictStartAfter(members, 0, ahead, nil, time.Hour)
+		got, ok := predictStartAfter(members, 0, ahead, nil, 0, time.Hour)
 		if got != want || ok != wantOK {
 			t.Fatalf("ahead %d: predictStartAfter = %v, %v; PredictStart = %v, %v", ahead, got, ok, want, wantOK)
 		}
@@ -516,5 +518,50 @@ func TestRouteCreditsArrivalsOnlyShortlyAfterAState(t *testing.T) {
 	// t0+550; uncredited, it counts as starting when the next arrives.
 	if c := r.Route(t0.Add(600*ms), time.Hour, time.Hour); c.Site != "near" || c.Start != 150*ms {
 		t.Fatalf("Route = %+v, want near at 150ms (50 ms away, then 100 ms behind the uncredited one)", c)
+	}
+}
+
+// A site's own publishes that arrive while a routed message is on its way
+// take the members idle when they come, not those still busy.
+func TestPredictStartAfterIdleTakers(t *testing.T) {
+	idle := []scoring.MemberSnapshot{{Online: true, ServiceEstimate: time.Second}}
+	// Read 100 ms before the message arrives: one publish expected
+	// meanwhile comes at −50 ms and takes the idle member for 1 s.
+	if got, ok := predictStartAfter(idle, 100*ms, 0, nil, 1, time.Hour); !ok || got != 950*ms {
+		t.Fatalf("idle member, one local publish first: %v, %v; want 950ms", got, ok)
+	}
+	// A member busy until 100 ms after the message arrives is not idle
+	// when the local publish comes: it queues, and the message starts
+	// first.
+	busy := []scoring.MemberSnapshot{{Online: true, PredictedWait: 200 * ms, ServiceEstimate: time.Second}}
+	if got, ok := predictStartAfter(busy, 100*ms, 0, nil, 1, time.Hour); !ok || got != 100*ms {
+		t.Fatalf("busy member: %v, %v; want 100ms", got, ok)
+	}
+	// Two idle members: the publish takes one, the message the other.
+	two := append(idle, idle[0])
+	if got, ok := predictStartAfter(two, 100*ms, 0, nil, 1, time.Hour); !ok || got != 0 {
+		t.Fatalf("two idle members: %v, %v; want 0", got, ok)
+	}
+}
+
+// The publishes a site's state reports are expected over the time from
+// its state until a message arrives, and the start is interpolated between
+// the whole numbers around that count.
+func TestRouteCountsTheSitesOwnPublishes(t *testing.T) {
+	r := NewRouter(Config{Site: "here", StaleAfter: time.Second})
+	st := State{Site: "busy", Broker: "b1", Sent: t0.UnixNano(), Members: []MemberState{{Service: time.Second}}, Publishes: 2}
+	r.Observe(st, t0.Add(50*ms))
+	// From the state (t0) until a message sent now arrives (t0+100 ms):
+	// 0.2 publishes expected. With none the member starts it on arrival
+	// (50 ms); with one, 950 ms later: 50 + 0.2 × 950 = 240 ms.
+	vs := r.Views(t0.Add(50*ms), nil)
+	if len(vs) != 1 || !vs[0].OK || vs[0].Start != 240*ms {
+		t.Fatalf("Views = %+v, want busy at 240ms", vs)
+	}
+	// The same site without publishes of its own: 50 ms.
+	st.Publishes, st.Sent = 0, t0.Add(ms).UnixNano()
+	r.Observe(st, t0.Add(51*ms))
+	if vs := r.Views(t0.Add(51*ms), nil); vs[0].Start != 50*ms {
+		t.Fatalf("Views without local publishes = %+v, want 50ms", vs)
 	}
 }
