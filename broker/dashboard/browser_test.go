@@ -470,8 +470,9 @@ func TestDashboardInBrowser(t *testing.T) {
 
 // TestDashboardShowsBridge: with the bridge on (its RabbitMQ not
 // reachable), the page shows the site, that it is not connected, the
-// exported exchange, and that federation links are not known without the
-// management API.
+// exported exchange, that federation links are not known without the
+// management API, and the exported group's work-queue row, routing
+// columns included.
 func TestDashboardShowsBridge(t *testing.T) {
 	requireChromium(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -482,14 +483,20 @@ func TestDashboardShowsBridge(t *testing.T) {
 		c.AMQPURL = "amqp://guest:guest@" + closed + "/"
 		c.Site = "berlin"
 		c.Exports = []string{"sensors/#"}
+		c.ExportGroups = []string{"$share/jobs/jobs/#"}
+		c.AMQPManagementURL = "http://" + closed
 	})
 	page := openTab(t, startChromium(t))
 	page.do(chromedp.Navigate("http://"+b.HTTPAddr()+"/"), chromedp.WaitVisible(chromedp.ID("bridge")))
 	text := page.text("#bridge")
 	for _, want := range []string{"Site bridge", "berlin", "RabbitMQ unreachable", "sensors/#", "pubsub.sensors",
-		"Federation links", "--amqp-management-url"} {
+		"Federation links", "Work queues", "Routed to other sites", "Fresh site states", "Asking for states"} {
 		require.Contains(t, text, want)
 	}
+	// The work-queue table is the panel's last part; its one row is the
+	// group's, not asking for states: RabbitMQ is unreachable.
+	require.Equal(t, "jobs", page.text("#bridge-body > div:last-child tbody th"))
+	require.Equal(t, "no", page.text("#bridge-body > div:last-child tbody td:last-child"))
 	require.Empty(t, page.problems(nil), "no console errors")
 }
 
