@@ -55,8 +55,9 @@ const (
 	// publish goes straight to the site whose members would start it
 	// soonest, one-way delay included, when that is not this site; the
 	// ring stays for TTL expiries and while no other site's state is
-	// fresh. It beat RouteRing in every cell of luffy-bench's sites matrix
-	// but one (bench/results/sites-matrix, docs/sites.md).
+	// fresh. Its mean latency beat RouteRing's in every cell of
+	// luffy-bench's sites matrix (bench/results/sites-matrix,
+	// docs/sites.md).
 	RouteNearest = "nearest"
 )
 
