@@ -108,7 +108,10 @@ func attachPersistence(server *mqtt.Server, dataDir string, fsync bool, order *h
 		return nil, fmt.Errorf("%w: data-dir %s: %w", ErrInvalidConfig, dataDir, err)
 	}
 	p.journal = journal
-	p.hook = &journalHook{journal: journal, server: server, pending: pending, inProgress: map[string]uint64{}}
+	p.hook = &journalHook{journal: journal, server: server, pending: pending, inProgress: map[string]uint64{}, replayed: make(chan struct{})}
+	if len(pending) == 0 {
+		p.hook.endReplay()
+	}
 	if err := server.AddHook(p.hook, nil); err != nil {
 		_ = journal.Close()
 		_ = p.store.Stop()
@@ -145,14 +148,33 @@ type journalHook struct {
 	inProgress map[string]uint64
 	// pending are the publishes the journal held at open.
 	pending []journalEntry
+	// replayed is closed once pending has been published again (or the
+	// journal closed); connections wait for it (see OnConnect).
+	replayed   chan struct{}
+	replayOnce sync.Once
 }
+
+// endReplay lets waiting connections proceed.
+func (h *journalHook) endReplay() { h.replayOnce.Do(func() { close(h.replayed) }) }
 
 // ID names the hook.
 func (h *journalHook) ID() string { return "luffymq-publish-journal" }
 
 // Provides says which events the hook handles.
 func (h *journalHook) Provides(b byte) bool {
-	return bytes.Contains([]byte{mqtt.OnPublish, mqtt.OnPublished, mqtt.OnDisconnect, mqtt.OnStarted}, []byte{b})
+	return bytes.Contains([]byte{mqtt.OnConnect, mqtt.OnPublish, mqtt.OnPublished, mqtt.OnDisconnect, mqtt.OnStarted}, []byte{b})
+}
+
+// OnConnect holds a connecting client until the journal's publishes have
+// been published again. Mochi 2.7.9 accepts connections before it calls
+// OnStarted, and a session resumed while a replayed publish is delivered to
+// it can lose the publish: Mochi copies the old session's in-flight
+// messages to the new connection and then clears the old ones, so a
+// delivery to the old session in between is on neither (a kill -9 test
+// lost exactly that message in CI). With an empty journal nothing waits.
+func (h *journalHook) OnConnect(*mqtt.Client, packets.Packet) error {
+	<-h.replayed
+	return nil
 }
 
 // OnPublish records a client's QoS 1/2 publish. Mochi calls it before it
@@ -220,6 +242,7 @@ func (h *journalHook) finish(seq uint64) {
 // the store, so the publishes reach the restored sessions. Their retain
 // flag is cleared: Mochi stores a retained message before acknowledging it.
 func (h *journalHook) OnStarted() {
+	defer h.endReplay()
 	h.mu.Lock()
 	pending := h.pending
 	h.pending = nil
@@ -252,7 +275,10 @@ func (h *journalHook) OnStarted() {
 }
 
 // Stop closes the journal (Mochi stops every hook in server.Close).
-func (h *journalHook) Stop() error { return h.journal.Close() }
+func (h *journalHook) Stop() error {
+	h.endReplay()
+	return h.journal.Close()
+}
 
 // orderedStore is Mochi's Badger storage hook, keeping with each in-flight
 // delivery its place in the client's delivery order, so that a session

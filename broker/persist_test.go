@@ -492,3 +492,130 @@ func TestFsyncNeedsDataDir(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, cfg.Fsync)
 }
+
+// replayRaceHook watches a broker replaying its publish journal: it holds
+// the replayed delivery to watched until a connection has passed
+// OnConnect (or a second has gone), and records whether watched's session
+// was established before the replay ended.
+type replayRaceHook struct {
+	mqtt.HookBase
+	watched string
+
+	mu                 sync.Mutex
+	replayEnded        bool
+	establishedEarly   bool
+	heldReplayDelivery bool
+	connectSeen        chan struct{}
+	connectOnce        sync.Once
+	establishedSeen    chan struct{}
+	establishedOnce    sync.Once
+}
+
+func (h *replayRaceHook) ID() string { return "test-replay-race" }
+
+func (h *replayRaceHook) Provides(b byte) bool {
+	return b == mqtt.OnConnect || b == mqtt.OnSessionEstablish || b == mqtt.OnQosPublish || b == mqtt.OnStarted
+}
+
+func (h *replayRaceHook) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
+	if cl.ID == h.watched {
+		h.connectOnce.Do(func() { close(h.connectSeen) })
+	}
+	return nil
+}
+
+func (h *replayRaceHook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
+	if cl.ID != h.watched {
+		return
+	}
+	h.mu.Lock()
+	h.establishedEarly = !h.replayEnded
+	h.mu.Unlock()
+	h.establishedOnce.Do(func() { close(h.establishedSeen) })
+}
+
+// OnQosPublish runs inside the journal's replay for the replayed delivery
+// to the restored, offline session: it gives a connection time to overtake
+// the replay.
+func (h *replayRaceHook) OnQosPublish(cl *mqtt.Client, _ packets.Packet, _ int64, _ int) {
+	h.mu.Lock()
+	first := cl.ID == h.watched && !h.replayEnded && !h.heldReplayDelivery
+	h.heldReplayDelivery = h.heldReplayDelivery || first
+	h.mu.Unlock()
+	if !first {
+		return
+	}
+	select {
+	case <-h.connectSeen:
+		select {
+		case <-h.establishedSeen:
+		case <-time.After(time.Second):
+		}
+	case <-time.After(time.Second):
+	}
+}
+
+// OnStarted runs after the journal hook's OnStarted, that is after the
+// replay.
+func (h *replayRaceHook) OnStarted() {
+	h.mu.Lock()
+	h.replayEnded = true
+	h.mu.Unlock()
+}
+
+// TestPersistenceReplayCompletesBeforeSessionsResume: Mochi serves
+// connections before it calls OnStarted, where the journal publishes again
+// what it held. A session resumed during that replay could lose the
+// replayed message (Mochi copies the old session's in-flight messages to
+// the new connection, then clears the old ones). Connections wait for the
+// replay: the session resumes only after it and gets the message.
+func TestPersistenceReplayCompletesBeforeSessionsResume(t *testing.T) {
+	dir := t.TempDir()
+	block := &blockAfterAck{publisher: "race-pub", acked: make(chan struct{}), release: make(chan struct{})}
+	b1 := startPersistentBroker(t, dir, func(b *Broker) { require.NoError(t, b.Server().AddHook(block, nil)) })
+	var released sync.Once
+	release := func() { released.Do(func() { close(block.release) }) }
+	defer release()
+
+	sub, _ := connectSession(t, b1.MQTTAddr(), "race-sub")
+	sub.subscribe(t, persistTopic)
+	sub.leave()
+	pub := connectPaho(t, b1.MQTTAddr(), "race-pub", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := pub.Publish(ctx, &paho.Publish{Topic: persistTopic, QoS: 1, Payload: []byte("replayed")})
+	require.NoError(t, err)
+	<-block.acked
+	require.NoError(t, b1.persist.close()) // a crash: the journal keeps the publish
+	release()
+	require.NoError(t, b1.Close())
+
+	addr := freeLoopbackAddr(t)
+	watch := &replayRaceHook{watched: "race-sub", connectSeen: make(chan struct{}), establishedSeen: make(chan struct{})}
+	b2, err := New(Config{MQTTListen: addr, ReportInterval: 100 * time.Millisecond, Logger: discardLogger(), DataDir: dir})
+	require.NoError(t, err)
+	require.NoError(t, b2.Server().AddHook(watch, nil))
+
+	// The broker starts in the background and the subscriber dials until
+	// the listener answers, so that it connects during the replay if the
+	// broker lets it.
+	started := make(chan error, 1)
+	go func() { started <- b2.Start() }()
+	t.Cleanup(func() { _ = b2.Close() })
+	eventually(t, 10*time.Second, func() bool {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	}, "the broker never listened on %s", addr)
+	resumed, present := connectSession(t, addr, "race-sub")
+	require.NoError(t, <-started)
+	require.True(t, present, "the session was not restored")
+	watch.mu.Lock()
+	held, early := watch.heldReplayDelivery, watch.establishedEarly
+	watch.mu.Unlock()
+	require.True(t, held, "the journal replayed no delivery to the restored session")
+	require.False(t, early, "the session resumed while the journal was still replaying")
+	awaitAll(t, resumed, []string{"replayed"})
+}
