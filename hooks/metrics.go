@@ -362,3 +362,25 @@ func (c *ReconnectOrderCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.waits, prometheus.CounterValue, float64(k.timedOut), k.kind, "timed_out")
 	}
 }
+
+// TakeoverCollector exports a TakeoverHook's counters.
+type TakeoverCollector struct {
+	hook       *TakeoverHook
+	deliveries *prometheus.Desc
+}
+
+// NewTakeoverCollector returns a collector for hook's counters.
+func NewTakeoverCollector(hook *TakeoverHook) *TakeoverCollector {
+	return &TakeoverCollector{hook: hook, deliveries: prometheus.NewDesc("luffymq_takeover_deliveries_total",
+		"QoS≥1 deliveries Mochi started on a session's previous client object while a new connection resumed the session, by outcome: adopted (moved to the new connection) or missed (no connection resumed the session in time, or the delivery named its topic by the old connection's alias).",
+		[]string{"outcome"}, nil)}
+}
+
+// Describe sends the descriptor.
+func (c *TakeoverCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.deliveries }
+
+// Collect sends the current values.
+func (c *TakeoverCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.deliveries, prometheus.CounterValue, float64(c.hook.Adopted()), "adopted")
+	ch <- prometheus.MustNewConstMetric(c.deliveries, prometheus.CounterValue, float64(c.hook.Missed()), "missed")
+}

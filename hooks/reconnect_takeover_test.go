@@ -385,16 +385,23 @@ func (c *rawClient) write(b []byte) {
 // subscribe subscribes to filter at QoS 0 and waits for the SUBACK.
 func (c *rawClient) subscribe(filter string) {
 	c.t.Helper()
+	c.subscribeAt(filter, 0)
+}
+
+// subscribeAt subscribes to filter at qos and waits for the SUBACK. The
+// client never acknowledges a QoS≥1 delivery.
+func (c *rawClient) subscribeAt(filter string, qos byte) {
+	c.t.Helper()
 	c.nextID++
 	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, ProtocolVersion: c.version,
-		PacketID: c.nextID, Filters: packets.Subscriptions{{Filter: filter}}}
+		PacketID: c.nextID, Filters: packets.Subscriptions{{Filter: filter, Qos: qos}}}
 	var buf bytes.Buffer
 	require.NoError(c.t, pk.SubscribeEncode(&buf))
 	c.write(buf.Bytes())
 	ack := c.next()
 	require.Equal(c.t, packets.Suback, ack.FixedHeader.Type)
 	require.Equal(c.t, pk.PacketID, ack.PacketID)
-	require.Equal(c.t, []byte{0}, ack.ReasonCodes)
+	require.Equal(c.t, []byte{qos}, ack.ReasonCodes)
 }
 
 // publish sends payload to topic at QoS 0.
