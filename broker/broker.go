@@ -19,6 +19,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/luffymq/luffymq/bridge"
 	"github.com/luffymq/luffymq/broker/pingreq"
@@ -38,6 +39,7 @@ type Broker struct {
 	// every ACL check, consulting the auth hook.
 	topicRules *hooks.TopicRulesHook
 	reconnect  *hooks.ReconnectOrderHook
+	takeover   *hooks.TakeoverHook
 	tlsConfig  *tls.Config
 	// httpTLSConfig serves HTTP over TLS (nil: plain HTTP).
 	httpTLSConfig *tls.Config
@@ -219,6 +221,18 @@ func New(cfg Config) (*Broker, error) {
 		if err := b.server.AddHook(ackTimeout, nil); err != nil {
 			return nil, fmt.Errorf("adding ack timeout hook: %w", err)
 		}
+	}
+	// Before the selection hook: deliveries it moves to a resumed session
+	// must be written before the connection orders the resent ones.
+	b.takeover = hooks.NewTakeoverHook(b.server)
+	b.takeover.Order = order
+	b.takeover.Restore = func(cl *mqtt.Client, pk packets.Packet) {
+		if p := b.persist; p != nil {
+			p.store.OnQosPublish(cl, pk, pk.Created, 0)
+		}
+	}
+	if err := b.server.AddHook(b.takeover, nil); err != nil {
+		return nil, fmt.Errorf("adding takeover hook: %w", err)
 	}
 	if err := b.server.AddHook(b.selection, nil); err != nil {
 		return nil, fmt.Errorf("adding selection hook: %w", err)

@@ -31,6 +31,7 @@ func (b *Broker) metricsCollectors() []prometheus.Collector {
 		b.guard.Collector(),
 		hooks.NewTopicRulesCollector(b.topicRules),
 		hooks.NewReconnectOrderCollector(b.reconnect),
+		hooks.NewTakeoverCollector(b.takeover),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}

@@ -300,6 +300,19 @@ func (s *orderedStore) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int
 	s.Hook.OnQosPublish(cl, pk, sent, resends)
 }
 
+// OnQosDropped deletes a dropped delivery from the store, except one
+// dropped from a client object taken over by a connection resuming the
+// session: Mochi 2.7.9 drops the old object's deliveries after copying them
+// to the new one, under the same client ID and packet identifiers, that is
+// the same store keys, and stores them again only when it resends them;
+// deleting them would leave a moment in which a crash loses them.
+func (s *orderedStore) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
+	if cl.IsTakenOver() {
+		return
+	}
+	s.Hook.OnQosDropped(cl, pk)
+}
+
 // StoredInflightMessages returns the stored in-flight messages for Mochi
 // to load, and restores their delivery order.
 func (s *orderedStore) StoredInflightMessages() ([]storage.Message, error) {

@@ -619,3 +619,82 @@ func TestPersistenceReplayCompletesBeforeSessionsResume(t *testing.T) {
 	require.False(t, early, "the session resumed while the journal was still replaying")
 	awaitAll(t, resumed, []string{"replayed"})
 }
+
+// TestResumedSessionKeepsDeliveriesRacingTheTakeover: a subscriber with a
+// persistent session resumes it again and again (after a clean disconnect,
+// and over its still open connection) while QoS 1 messages stream to it;
+// every acknowledged message reaches one of its connections. Mochi 2.7.9
+// alone lost about one message per resumption here (hooks.TakeoverHook).
+func TestResumedSessionKeepsDeliveriesRacingTheTakeover(t *testing.T) {
+	for _, withDataDir := range []bool{false, true} {
+		name := "in-memory"
+		if withDataDir {
+			name = "data-dir"
+		}
+		t.Run(name, func(t *testing.T) {
+			var b *Broker
+			if withDataDir {
+				b = startPersistentBroker(t, t.TempDir(), nil)
+			} else {
+				b = startBroker(t, nil)
+			}
+			addr := b.MQTTAddr()
+			first, _ := connectSession(t, addr, "racing-sub")
+			first.subscribe(t, "racing/jobs")
+			sessions := []*sessionClient{first}
+
+			pub := connectPaho(t, addr, "racing-pub", nil)
+			payloads := numberedPayloads("racing", 5000)
+			published := make(chan []error, 1)
+			go func() {
+				var errs []error
+				for i, p := range payloads {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					_, err := pub.Publish(ctx, &paho.Publish{Topic: "racing/jobs", QoS: 1, Payload: []byte(p)})
+					cancel()
+					if err != nil {
+						errs = append(errs, fmt.Errorf("publish %d: %w", i, err))
+					}
+				}
+				published <- errs
+			}()
+			var errs []error
+		resuming:
+			for i := 0; ; i++ {
+				select {
+				case errs = <-published:
+					break resuming
+				case <-time.After(10 * time.Millisecond):
+				}
+				if i%2 == 0 {
+					sessions[len(sessions)-1].leave()
+				} // else: taken over while open
+				sc, present := connectSession(t, addr, "racing-sub")
+				require.True(t, present)
+				sessions = append(sessions, sc)
+			}
+			require.Empty(t, errs)
+
+			received := func(p string) bool {
+				for _, s := range sessions {
+					if s.got(p) {
+						return true
+					}
+				}
+				return false
+			}
+			var missing []string
+			eventually(t, 15*time.Second, func() bool {
+				missing = missing[:0]
+				for _, p := range payloads {
+					if !received(p) {
+						missing = append(missing, p)
+					}
+				}
+				return len(missing) == 0
+			}, "acknowledged messages never delivered")
+			t.Logf("%d resumptions; %d deliveries moved from a taken-over client object", len(sessions)-1, b.takeover.Adopted())
+			require.Zero(t, b.takeover.Missed())
+		})
+	}
+}

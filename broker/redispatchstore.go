@@ -16,6 +16,6 @@ type storedInflight struct{ b *Broker }
 // broker's persistence is set in New, before any client connects.
 func (s storedInflight) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 	if p := s.b.persist; p != nil {
-		p.store.OnQosDropped(cl, pk)
+		p.store.Hook.OnQosDropped(cl, pk)
 	}
 }
