@@ -41,8 +41,8 @@ const closeFlushTimeout = time.Second
 // go rather than kept for reuse, so one burst does not pin its memory.
 const shrinkAbove = 1 << 20
 
-// idleBuffer is the largest buffer a connection keeps while nothing waits
-// to be sent to it.
+// idleBuffer is the largest buffer (of two) a connection keeps while
+// nothing waits to be sent to it.
 const idleBuffer = 4 << 10
 
 // ErrWriteTimeout ends a connection whose socket accepted no byte for the
@@ -244,11 +244,20 @@ func (c *Conn) runWriter() {
 			return
 		}
 		if len(o.pending) == 0 {
-			// Idle: keep one small buffer for the next write, no more.
+			// Idle: keep the two buffers if they are small (the one the
+			// next write appends to, and the one writes append to while
+			// the writer sends the first), so that a connection given a
+			// few messages at a time does not allocate for each burst;
+			// let large ones go, so one burst does not pin its memory.
 			o.running = false
-			o.spare = nil
 			if cap(o.pending) > idleBuffer {
 				o.pending = nil
+			}
+			if cap(o.spare) > idleBuffer {
+				o.spare = nil
+			}
+			if cap(o.pending) == 0 {
+				o.pending, o.spare = o.spare, nil
 			}
 			o.mu.Unlock()
 			return
