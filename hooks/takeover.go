@@ -136,6 +136,14 @@ func (h *TakeoverHook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64,
 	}
 	d := keptDelivery{from: cl, pk: pk.Copy(false)} // without the old connection's topic alias
 	d.pk.PacketID = pk.PacketID
+	h.route(d)
+}
+
+// route keeps d, a delivery started on the taken-over object d.from, for
+// the session's next object, or adopts it into that object if it is
+// established.
+func (h *TakeoverHook) route(d keptDelivery) {
+	cl := d.from
 	h.mu.Lock()
 	r, ok := h.resumed[cl.ID]
 	if ok && h.now().Sub(r.at) > lateAdoptWindow {
@@ -243,6 +251,13 @@ func (h *TakeoverHook) adopt(cl *mqtt.Client, d keptDelivery) {
 	}
 	if !cl.State.Inflight.Set(out) {
 		return // started meanwhile under this identifier: it is there
+	}
+	if cl.IsTakenOver() {
+		// cl was itself taken over meanwhile (the next connection came
+		// while this one was being established): its successor may have
+		// copied its in-flight messages before this one was added.
+		h.route(keptDelivery{from: cl, pk: out, dropped: d.dropped})
+		return
 	}
 	h.adopted.Add(1)
 	if d.dropped && h.server != nil {
