@@ -255,27 +255,27 @@ func (h *blockAfterAck) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byt
 	})
 }
 
-// TestPersistenceKeepsMessageAckedBeforeFanOut: Mochi writes the PUBACK
-// before it stores the subscriber's in-flight copy. The test stops the
-// broker's storage at that exact point (as a crash would) and shows that
-// the store alone does not hold the message, and that the publish journal
-// delivers it after the restart.
-func TestPersistenceKeepsMessageAckedBeforeFanOut(t *testing.T) {
-	dir := t.TempDir()
-	block := &blockAfterAck{publisher: "window-pub", acked: make(chan struct{}), release: make(chan struct{})}
+// crashAfterPuback runs a broker on dir in which subID's persistent session
+// subscribes to persistTopic and goes offline, pubID publishes payload at
+// QoS 1, and the broker's storage stops right after the PUBACK, before
+// the subscriber's copy is stored, as a crash there would leave it: only
+// the publish journal holds the message. beforeCrash, if set, looks at the
+// broker at that point.
+func crashAfterPuback(t *testing.T, dir, subID, pubID, payload string, beforeCrash func(*Broker)) {
+	t.Helper()
+	block := &blockAfterAck{publisher: pubID, acked: make(chan struct{}), release: make(chan struct{})}
 	b1 := startPersistentBroker(t, dir, func(b *Broker) { require.NoError(t, b.Server().AddHook(block, nil)) })
 	var released sync.Once
 	release := func() { released.Do(func() { close(block.release) }) }
 	defer release()
 
-	sub, _ := connectSession(t, b1.MQTTAddr(), "window-sub")
+	sub, _ := connectSession(t, b1.MQTTAddr(), subID)
 	sub.subscribe(t, persistTopic)
 	sub.leave()
-
-	pub := connectPaho(t, b1.MQTTAddr(), "window-pub", nil)
+	pub := connectPaho(t, b1.MQTTAddr(), pubID, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := pub.Publish(ctx, &paho.Publish{Topic: persistTopic, QoS: 1, Payload: []byte("in-the-window")})
+	resp, err := pub.Publish(ctx, &paho.Publish{Topic: persistTopic, QoS: 1, Payload: []byte(payload)})
 	require.NoError(t, err)
 	require.Less(t, resp.ReasonCode, byte(0x80))
 	select {
@@ -283,20 +283,32 @@ func TestPersistenceKeepsMessageAckedBeforeFanOut(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the PUBACK hook never ran")
 	}
-
-	// The publisher holds its PUBACK; the store has no copy for the
-	// subscriber yet, the journal has the publish.
-	inflight, err := b1.persist.store.StoredInflightMessages()
-	require.NoError(t, err)
-	for _, m := range inflight {
-		require.NotEqual(t, "window-sub", m.Client, "the store already holds the subscriber's copy: the window this test is about is gone")
+	if beforeCrash != nil {
+		beforeCrash(b1)
 	}
-	require.Equal(t, 1, b1.persist.journal.pendingCount())
-
 	// Crash here: nothing more reaches the disk.
 	require.NoError(t, b1.persist.close())
 	release()
 	require.NoError(t, b1.Close())
+}
+
+// TestPersistenceKeepsMessageAckedBeforeFanOut: Mochi writes the PUBACK
+// before it stores the subscriber's in-flight copy. The test stops the
+// broker's storage at that exact point (as a crash would) and shows that
+// the store alone does not hold the message, and that the publish journal
+// delivers it after the restart.
+func TestPersistenceKeepsMessageAckedBeforeFanOut(t *testing.T) {
+	dir := t.TempDir()
+	crashAfterPuback(t, dir, "window-sub", "window-pub", "in-the-window", func(b1 *Broker) {
+		// The publisher holds its PUBACK; the store has no copy for the
+		// subscriber yet, the journal has the publish.
+		inflight, err := b1.persist.store.StoredInflightMessages()
+		require.NoError(t, err)
+		for _, m := range inflight {
+			require.NotEqual(t, "window-sub", m.Client, "the store already holds the subscriber's copy: the window this test is about is gone")
+		}
+		require.Equal(t, 1, b1.persist.journal.pendingCount())
+	})
 
 	b2 := startPersistentBroker(t, dir, nil)
 	sub2, present := connectSession(t, b2.MQTTAddr(), "window-sub")
@@ -571,24 +583,7 @@ func (h *replayRaceHook) OnStarted() {
 // replay: the session resumes only after it and gets the message.
 func TestPersistenceReplayCompletesBeforeSessionsResume(t *testing.T) {
 	dir := t.TempDir()
-	block := &blockAfterAck{publisher: "race-pub", acked: make(chan struct{}), release: make(chan struct{})}
-	b1 := startPersistentBroker(t, dir, func(b *Broker) { require.NoError(t, b.Server().AddHook(block, nil)) })
-	var released sync.Once
-	release := func() { released.Do(func() { close(block.release) }) }
-	defer release()
-
-	sub, _ := connectSession(t, b1.MQTTAddr(), "race-sub")
-	sub.subscribe(t, persistTopic)
-	sub.leave()
-	pub := connectPaho(t, b1.MQTTAddr(), "race-pub", nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err := pub.Publish(ctx, &paho.Publish{Topic: persistTopic, QoS: 1, Payload: []byte("replayed")})
-	require.NoError(t, err)
-	<-block.acked
-	require.NoError(t, b1.persist.close()) // a crash: the journal keeps the publish
-	release()
-	require.NoError(t, b1.Close())
+	crashAfterPuback(t, dir, "race-sub", "race-pub", "replayed", nil)
 
 	addr := freeLoopbackAddr(t)
 	watch := &replayRaceHook{watched: "race-sub", connectSeen: make(chan struct{}), establishedSeen: make(chan struct{})}
