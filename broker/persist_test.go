@@ -702,6 +702,11 @@ func TestResumedSessionKeepsDeliveriesRacingTheTakeover(t *testing.T) {
 				}
 			}
 			require.Empty(t, missing, "acknowledged messages never delivered (%d sessions, %d deliveries adopted)", len(sessions), b.takeover.Adopted())
+			// Every delivery acknowledged, no session holds one in flight,
+			// and the metric says so (Mochi's own count drifts: logged).
+			eventually(t, 5*time.Second, func() bool { return sessionsInflight(b.Server()) == 0 },
+				"in flight: %d", sessionsInflight(b.Server()))
+			t.Logf("Mochi's in-flight count at the end: %d", atomic.LoadInt64(&b.Server().Info.Inflight))
 			t.Logf("%d sessions; %d deliveries moved from a taken-over client object", len(sessions), b.takeover.Adopted())
 			require.Zero(t, b.takeover.Missed())
 		})

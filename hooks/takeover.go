@@ -83,9 +83,6 @@ const lateAdoptWindow = 5 * time.Second
 type keptDelivery struct {
 	from *mqtt.Client
 	pk   packets.Packet
-	// dropped: Mochi dropped it from the old object (ClearInflights),
-	// which counted it out of the server's in-flight total.
-	dropped bool
 }
 
 // resumedSession is a client object that took over a session: resumed it,
@@ -107,7 +104,7 @@ func (h *TakeoverHook) ID() string { return "luffymq-takeover" }
 // Provides says which events the hook handles.
 func (h *TakeoverHook) Provides(b byte) bool {
 	switch b {
-	case mqtt.OnQosPublish, mqtt.OnQosDropped, mqtt.OnSessionEstablish, mqtt.OnSessionEstablished:
+	case mqtt.OnQosPublish, mqtt.OnSessionEstablish, mqtt.OnSessionEstablished:
 		return true
 	}
 	return false
@@ -158,27 +155,12 @@ func (h *TakeoverHook) route(d keptDelivery) {
 		return
 	}
 	h.mu.Unlock()
-	if !r.clean { // else: for the session the new connection discarded
-		// Offline (closed) or not, r.cl holds the session: an offline
-		// session keeps the delivery in flight for its next connection.
-		h.adopt(r.cl, d)
+	if r.clean {
+		return // for the session the new connection discarded
 	}
-}
-
-// OnQosDropped notes which kept deliveries Mochi dropped from the old
-// object.
-func (h *TakeoverHook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
-	if !cl.IsTakenOver() || pk.FixedHeader.Type != packets.Publish {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	kept := h.kept[cl.ID]
-	for i := range kept {
-		if kept[i].from == cl && kept[i].pk.PacketID == pk.PacketID {
-			kept[i].dropped = true
-		}
-	}
+	// Offline (closed) or not, r.cl holds the session: an offline session
+	// keeps the delivery in flight for its next connection.
+	h.adopt(r.cl, d)
 }
 
 // OnSessionEstablish notes a connection about to take over an existing
@@ -256,13 +238,10 @@ func (h *TakeoverHook) adopt(cl *mqtt.Client, d keptDelivery) {
 		// cl was itself taken over meanwhile (the next connection came
 		// while this one was being established): its successor may have
 		// copied its in-flight messages before this one was added.
-		h.route(keptDelivery{from: cl, pk: out, dropped: d.dropped})
+		h.route(keptDelivery{from: cl, pk: out})
 		return
 	}
 	h.adopted.Add(1)
-	if d.dropped && h.server != nil {
-		atomic.AddInt64(&h.server.Info.Inflight, 1)
-	}
 	if h.Restore != nil {
 		h.Restore(cl, out)
 	}
