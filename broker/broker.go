@@ -25,6 +25,7 @@ import (
 	"github.com/luffymq/luffymq/broker/pingreq"
 	"github.com/luffymq/luffymq/clientsdk/report"
 	"github.com/luffymq/luffymq/hooks"
+	"github.com/luffymq/luffymq/internal/logthrottle"
 	"github.com/luffymq/luffymq/scoring"
 )
 
@@ -128,7 +129,10 @@ func New(cfg Config) (*Broker, error) {
 		Logger:              cfg.Logger,
 	})
 	b.server = mqtt.New(&mqtt.Options{
-		Logger:       cfg.Logger,
+		// Mochi logs a line per delivery it drops and per connection
+		// that ends with an error; the same line at most every
+		// mochiLogEvery, with the count held back.
+		Logger:       mochiLogger(cfg.Logger),
 		Capabilities: capabilities,
 		InlineClient: cfg.AMQPURL != "", // the bridge injects remote messages through it
 	})
@@ -270,6 +274,14 @@ func New(cfg Config) (*Broker, error) {
 		}
 	}
 	return b, nil
+}
+
+// mochiLogEvery is how often Mochi's log may repeat a line.
+const mochiLogEvery = 10 * time.Second
+
+// mochiLogger is the logger Mochi gets: log, with repeated lines held back.
+func mochiLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(logthrottle.New(log.Handler(), mochiLogEvery))
 }
 
 // Bridge returns the site bridge, or nil when AMQPURL is empty.
