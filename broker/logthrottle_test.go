@@ -1,42 +1,24 @@
 package broker
 
 import (
-	"bytes"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer safe for the broker's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestMochiLogDoesNotRepeatALinePerConnection: Mochi logs a WARN line for
 // every connection that ends without DISCONNECT; 30 devices dropping their
 // connections give one line (the broker passes each kind of Mochi line at
 // most every mochiLogEvery, with the count held back).
 func TestMochiLogDoesNotRepeatALinePerConnection(t *testing.T) {
-	var logs syncBuffer
+	var logs testenv.LockedBuffer
 	b := startBroker(t, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
