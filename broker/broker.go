@@ -114,6 +114,9 @@ func New(cfg Config) (*Broker, error) {
 	if cfg.MaxPendingWrites > 0 {
 		capabilities.MaximumClientWritesPending = int32(cfg.MaxPendingWrites)
 	}
+	// A session's QoS≥1 messages, in flight or waiting (offline or past
+	// its Receive Maximum).
+	capabilities.MaximumInflight = uint16(cfg.MaxSessionMessages)
 	// Connection hygiene: idle connections are closed after the connect
 	// timeout, and packets over 64 KiB are held by the connection wrapper
 	// until their bytes have arrived, so Mochi never allocates a length a

@@ -15,6 +15,15 @@ import (
 	"github.com/luffymq/luffymq/scoring"
 )
 
+// DefaultMaxSessionMessages is Mochi's own bound on a session's QoS≥1
+// messages (8192).
+const DefaultMaxSessionMessages = 8192
+
+// MaxSessionMessagesLimit bounds --max-session-messages: Mochi numbers a
+// session's messages with MQTT's 16-bit packet identifiers when it queues
+// them.
+const MaxSessionMessagesLimit = 65535
+
 // MaxPendingWritesLimit bounds --max-pending-writes: Mochi makes each
 // client's queue (8 bytes a slot) when the client connects.
 const MaxPendingWritesLimit = 1 << 20
@@ -112,6 +121,13 @@ type Config struct {
 	// (messages_dropped). 0 sizes it from MaxQueuedBytes (see
 	// PendingWritesFor: 512 for the default 8 MiB).
 	MaxPendingWrites int
+	// MaxSessionMessages is the most QoS≥1 messages one session holds
+	// unacknowledged or waiting, its client connected or not (Mochi's
+	// Capabilities.MaximumInflight); a delivery past it is dropped and
+	// counted (luffymq_inflight_dropped_total), its publisher still
+	// acknowledged. 0 selects DefaultMaxSessionMessages; at most
+	// MaxSessionMessagesLimit.
+	MaxSessionMessages int
 	// PublisherPacingMaxWait is the longest a publisher waits, per
 	// delivery, for a client whose write queue (MaxPendingWrites) is 3/4
 	// full while the client drains it (see hooks.PacingHook): waiting
@@ -266,6 +282,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.GCPercent != 0 && (c.GCPercent < MinGCPercent || c.GCPercent > MaxGCPercent) {
 		return c, fmt.Errorf("%w: gc-percent %d must be 0 (Go's own setting) or from %d to %d", ErrInvalidConfig, c.GCPercent, MinGCPercent, MaxGCPercent)
+	}
+	if c.MaxSessionMessages == 0 {
+		c.MaxSessionMessages = DefaultMaxSessionMessages
+	}
+	if c.MaxSessionMessages < 0 || c.MaxSessionMessages > MaxSessionMessagesLimit {
+		return c, fmt.Errorf("%w: max-session-messages %d must be from 1 to %d (0: %d)", ErrInvalidConfig, c.MaxSessionMessages, MaxSessionMessagesLimit, DefaultMaxSessionMessages)
 	}
 	if c.MaxPendingWrites < 0 || c.MaxPendingWrites > MaxPendingWritesLimit {
 		return c, fmt.Errorf("%w: max-pending-writes %d must be from 0 (sized from max-queued-bytes) to %d", ErrInvalidConfig, c.MaxPendingWrites, MaxPendingWritesLimit)

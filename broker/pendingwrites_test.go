@@ -2,7 +2,9 @@ package broker
 
 import (
 	"io"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/stretchr/testify/require"
@@ -35,6 +37,44 @@ func TestMaxPendingWritesReachesMochi(t *testing.T) {
 		_, err := ConfigFromArgs([]string{"--max-pending-writes", bad}, io.Discard, io.Discard)
 		require.Error(t, err, bad)
 		require.Contains(t, err.Error(), "max-pending-writes")
+		require.NotContains(t, err.Error(), "\n")
+	}
+}
+
+// TestMaxSessionMessagesBoundsASession: --max-session-messages sizes
+// Mochi's bound on a session's QoS≥1 messages; an offline session given
+// more keeps the first ones, the rest are counted as dropped, and values
+// out of range are refused in one line.
+func TestMaxSessionMessagesBoundsASession(t *testing.T) {
+	cfg, err := ConfigFromArgs([]string{"--listen", "127.0.0.1:0", "--http", ""}, io.Discard, io.Discard)
+	require.NoError(t, err)
+	b, err := New(cfg)
+	require.NoError(t, err)
+	require.Equal(t, uint16(DefaultMaxSessionMessages), b.server.Options.Capabilities.MaximumInflight, "Mochi's own default")
+	require.NoError(t, b.Close())
+
+	b = startBroker(t, func(c *Config) { c.MaxSessionMessages = 10 })
+	sub, _ := connectSession(t, b.MQTTAddr(), "bounded-sub")
+	sub.subscribe(t, "bounded/jobs")
+	sub.leave()
+	pub := connectPaho(t, b.MQTTAddr(), "bounded-pub", nil)
+	payloads := numberedPayloads("bounded", 15)
+	publishAcked(t, pub.Client, "bounded/jobs", payloads, 1)
+	sub2, present := connectSession(t, b.MQTTAddr(), "bounded-sub")
+	require.True(t, present)
+	eventually(t, 5*time.Second, func() bool { distinct, _ := sub2.counts(); return distinct == 10 }, "the first 10 messages")
+	time.Sleep(100 * time.Millisecond)
+	distinct, _ := sub2.counts()
+	require.Equal(t, 10, distinct, "no more than the session holds")
+	for _, p := range payloads[:10] {
+		require.True(t, sub2.got(p), p)
+	}
+	require.Equal(t, int64(5), atomic.LoadInt64(&b.server.Info.InflightDropped))
+
+	for _, bad := range []string{"-1", "65536"} {
+		_, err := ConfigFromArgs([]string{"--max-session-messages", bad}, io.Discard, io.Discard)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), "max-session-messages")
 		require.NotContains(t, err.Error(), "\n")
 	}
 }
