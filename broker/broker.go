@@ -229,6 +229,11 @@ func New(cfg Config) (*Broker, error) {
 			return nil, fmt.Errorf("adding ack timeout hook: %w", err)
 		}
 	}
+	// No outbound topic aliases for sessions that can resume: Mochi
+	// resends their messages under the old connection's aliases.
+	if err := b.server.AddHook(new(hooks.SessionTopicAliasHook), nil); err != nil {
+		return nil, fmt.Errorf("adding session topic alias hook: %w", err)
+	}
 	// Before the selection hook: deliveries it moves to a resumed session
 	// must be written before the connection orders the resent ones.
 	b.takeover = hooks.NewTakeoverHook(b.server)

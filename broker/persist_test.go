@@ -712,3 +712,31 @@ func TestResumedSessionKeepsDeliveriesRacingTheTakeover(t *testing.T) {
 		})
 	}
 }
+
+// TestPersistentSessionsGetNoTopicAliases: a client whose session can
+// resume is sent no topic aliases, whatever Topic Alias Maximum it gives
+// (hooks.SessionTopicAliasHook); one whose session ends with its
+// connection keeps them.
+func TestPersistentSessionsGetNoTopicAliases(t *testing.T) {
+	b := startBroker(t, nil)
+	aliasMax := uint16(10)
+	for _, c := range []struct {
+		id     string
+		expiry uint32
+		want   uint16
+	}{{"alias-persistent", 3600, 0}, {"alias-short", 0, aliasMax}} {
+		conn, err := net.Dial("tcp", b.MQTTAddr())
+		require.NoError(t, err)
+		client := paho.NewClient(paho.ClientConfig{ClientID: c.id, Conn: conn})
+		expiry := c.expiry
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = client.Connect(ctx, &paho.Connect{ClientID: c.id, KeepAlive: 30, CleanStart: true,
+			Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry, TopicAliasMaximum: &aliasMax}})
+		cancel()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = client.Disconnect(&paho.Disconnect{}); _ = conn.Close() })
+		cl, ok := b.Server().Clients.Get(c.id)
+		require.True(t, ok)
+		require.Equal(t, c.want, cl.Properties.Props.TopicAliasMaximum, c.id)
+	}
+}
