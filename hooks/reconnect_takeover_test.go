@@ -355,6 +355,12 @@ type rawClient struct {
 // flag and (MQTT 5) session expiry interval, and returns the CONNACK.
 func dialRaw(t *testing.T, addr, clientID string, version byte, clean bool, expiry uint32) (*rawClient, packets.Packet) {
 	t.Helper()
+	return dialRawWith(t, addr, clientID, version, clean, expiry, nil)
+}
+
+// dialRawWith is dialRaw with more of the CONNECT set by edit, if not nil.
+func dialRawWith(t *testing.T, addr, clientID string, version byte, clean bool, expiry uint32, edit func(*packets.Packet)) (*rawClient, packets.Packet) {
+	t.Helper()
 	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -366,6 +372,9 @@ func dialRaw(t *testing.T, addr, clientID string, version byte, clean bool, expi
 		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), ClientIdentifier: clientID, Keepalive: 30, Clean: clean}}
 	if version == 5 && expiry > 0 {
 		pk.Properties = packets.Properties{SessionExpiryInterval: expiry, SessionExpiryIntervalFlag: true}
+	}
+	if edit != nil {
+		edit(&pk)
 	}
 	var buf bytes.Buffer
 	require.NoError(t, pk.ConnectEncode(&buf))
@@ -446,8 +455,15 @@ func (c *rawClient) received(payload string, d time.Duration) bool {
 // EOF or after 5 s.
 func (c *rawClient) next() packets.Packet {
 	c.t.Helper()
+	return c.take(c.control)
+}
+
+// take returns the next packet from ch, failing the test at EOF or after
+// 5 s.
+func (c *rawClient) take(ch chan packets.Packet) packets.Packet {
+	c.t.Helper()
 	select {
-	case pk, ok := <-c.control:
+	case pk, ok := <-ch:
 		require.True(c.t, ok, "connection closed")
 		return pk
 	case <-time.After(5 * time.Second):

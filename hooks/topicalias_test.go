@@ -1,11 +1,9 @@
 package hooks_test
 
 import (
-	"bufio"
 	"bytes"
 	"io"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
@@ -22,32 +20,14 @@ import (
 // topic aliases from the server, with the given session expiry.
 func dialWithAliases(t *testing.T, addr, clientID string, expiry uint32) *rawClient {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	c := &rawClient{t: t, version: 5, conn: conn, control: make(chan packets.Packet, 16), publishes: make(chan packets.Packet, 64)}
-	go c.readLoop(bufio.NewReader(conn))
-	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: 5,
-		Connect:    packets.ConnectParams{ProtocolName: []byte("MQTT"), ClientIdentifier: clientID, Keepalive: 30},
-		Properties: packets.Properties{SessionExpiryInterval: expiry, SessionExpiryIntervalFlag: expiry > 0, TopicAliasMaximum: 10}}
-	var buf bytes.Buffer
-	require.NoError(t, pk.ConnectEncode(&buf))
-	c.write(buf.Bytes())
-	require.Equal(t, packets.Connack, c.next().FixedHeader.Type)
+	c, _ := dialRawWith(t, addr, clientID, 5, false, expiry, func(pk *packets.Packet) { pk.Properties.TopicAliasMaximum = 10 })
 	return c
 }
 
 // nextPublish returns the next PUBLISH the client receives.
 func (c *rawClient) nextPublish() packets.Packet {
 	c.t.Helper()
-	select {
-	case pk, ok := <-c.publishes:
-		require.True(c.t, ok, "connection closed")
-		return pk
-	case <-time.After(3 * time.Second):
-		c.t.Fatal("no PUBLISH within 3 s")
-	}
-	return packets.Packet{}
+	return c.take(c.publishes)
 }
 
 // puback acknowledges a QoS 1 delivery.
