@@ -72,7 +72,6 @@ type TakeoverHook struct {
 
 	adopted atomic.Uint64
 	missed  atomic.Uint64
-	now     func() time.Time
 }
 
 // lateAdoptWindow is how long after a session resumed a delivery started on
@@ -95,7 +94,7 @@ type resumedSession struct {
 
 // NewTakeoverHook returns a TakeoverHook for server.
 func NewTakeoverHook(server *mqtt.Server) *TakeoverHook {
-	return &TakeoverHook{server: server, kept: map[string][]keptDelivery{}, resumed: map[string]resumedSession{}, takingOver: map[string]struct{}{}, now: time.Now}
+	return &TakeoverHook{server: server, kept: map[string][]keptDelivery{}, resumed: map[string]resumedSession{}, takingOver: map[string]struct{}{}}
 }
 
 // ID names the hook.
@@ -143,7 +142,7 @@ func (h *TakeoverHook) route(d keptDelivery) {
 	cl := d.from
 	h.mu.Lock()
 	r, ok := h.resumed[cl.ID]
-	if ok && h.now().Sub(r.at) > lateAdoptWindow {
+	if ok && time.Since(r.at) > lateAdoptWindow {
 		delete(h.resumed, cl.ID)
 		ok = false
 	}
@@ -188,7 +187,7 @@ func (h *TakeoverHook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	delete(h.takingOver, cl.ID)
 	resumed := !cl.Properties.Clean
 	if had || tookOver {
-		h.resumed[cl.ID] = resumedSession{cl: cl, at: h.now(), clean: !resumed}
+		h.resumed[cl.ID] = resumedSession{cl: cl, at: time.Now(), clean: !resumed}
 	}
 	h.pruneLocked()
 	h.mu.Unlock()
@@ -202,7 +201,7 @@ func (h *TakeoverHook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 
 // pruneLocked forgets resumed sessions older than lateAdoptWindow.
 func (h *TakeoverHook) pruneLocked() {
-	now := h.now()
+	now := time.Now()
 	for id, r := range h.resumed {
 		if now.Sub(r.at) > lateAdoptWindow {
 			delete(h.resumed, id)
