@@ -583,6 +583,36 @@ func TestAdaptiveLearnsServiceFromAcks(t *testing.T) {
 	require.Zero(t, f.member("a").Reports)
 }
 
+// TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst: a member that
+// acknowledges in bursts (paho.golang flushes manual acks every 50 ms)
+// holds more unacknowledged messages than it has left to do. Its
+// unacknowledged deliveries are a floor on its backlog only for what it
+// cannot have finished since its last burst; otherwise the member looks
+// busier than it is until its next flush (on an uneven fleet of 20 with
+// 50 ms flushes, the simulated mean fell from 6.90 to 5.77 ms).
+func TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst(t *testing.T) {
+	f := newFixture(t, adaptive, "a")
+	// Two bursts of two acks, 50 ms apart: 25 ms per message, in bursts.
+	for i := 0; i < 2; i++ {
+		f.qos1Send()
+		f.qos1Send()
+		f.advance(ms(50))
+		f.e.InFlightAcknowledged("a")
+		f.e.InFlightAcknowledged("a")
+	}
+	require.Equal(t, ms(25), f.member("a").ServiceEstimate)
+	// Three more at once; 45 ms later, before its next flush, the first is
+	// done and the second nearly: a new message would start at 75 ms, 30
+	// ms from now, as the model of what was sent says, not after the two
+	// it has not acknowledged beyond the running one (50 ms).
+	for i := 0; i < 3; i++ {
+		f.qos1Send()
+	}
+	f.advance(ms(45))
+	require.Equal(t, 3, f.member("a").InFlight)
+	require.Equal(t, ms(30), f.member("a").PredictedWait)
+}
+
 // TestAdaptiveColdStartSpreadsByInFlight: before anything is known about
 // anyone, messages go to the member holding the fewest, and a member that
 // has never finished anything holds at most NewcomerCap while others are

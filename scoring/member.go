@@ -329,8 +329,14 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 		start = m.freeAt
 	}
 	// Unacknowledged QoS≥1 deliveries beyond what its workers hold are
-	// queued at it: a floor on its backlog whatever the model says.
-	if queued := m.inflight - m.workers; queued > 0 {
+	// queued at it: a floor on its backlog whatever the model says. A
+	// member that acknowledges in bursts may have finished, since its last
+	// burst, as many as that time allows: they are not counted.
+	queued := m.inflight - m.workers
+	if m.ackLag > 0 && m.acksAreFinishes && svc > 0 {
+		queued -= int((now - m.lastCompletion) / svc)
+	}
+	if queued > 0 {
 		if floor := now + time.Duration(queued)*svc; floor > start {
 			start = floor
 		}
