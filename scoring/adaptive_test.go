@@ -613,6 +613,42 @@ func TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst(t *testing.T) {
 	require.Equal(t, ms(30), f.member("a").PredictedWait)
 }
 
+// TestAdaptiveVariableWorkIsNotDoneAtItsMean: a member whose
+// acknowledgements show work as variable as an exponential distribution's
+// is not taken to be free once its running message has run its mean: what
+// is left of variable work does not shrink as it runs. One whose work
+// always takes as long is (exponential service times on an uneven fleet of
+// 20 with plain acks: simulated mean 21.1 -> 14.3 ms, join-the-shortest-queue
+// 14.6).
+func TestAdaptiveVariableWorkIsNotDoneAtItsMean(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		services    []time.Duration
+		wantAtLeast time.Duration
+	}{
+		{"constant", []time.Duration{ms(20), ms(20)}, 0},
+		{"variable", []time.Duration{ms(2), ms(38), ms(1), ms(39)}, ms(10)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, adaptive, "a")
+			for i := 0; i < 40; i++ {
+				f.qos1Send()
+				f.advance(c.services[i%len(c.services)])
+				f.e.InFlightAcknowledged("a")
+				f.advance(ms(5))
+			}
+			require.InDelta(t, float64(ms(20)), float64(f.member("a").ServiceEstimate), float64(ms(3)))
+			f.qos1Send()
+			f.advance(ms(30)) // past its mean, not yet overdue
+			wait := f.member("a").PredictedWait
+			require.GreaterOrEqual(t, wait, c.wantAtLeast)
+			if c.wantAtLeast == 0 {
+				require.Zero(t, wait)
+			}
+		})
+	}
+}
+
 // TestAdaptiveColdStartSpreadsByInFlight: before anything is known about
 // anyone, messages go to the member holding the fewest, and a member that
 // has never finished anything holds at most NewcomerCap while others are

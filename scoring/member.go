@@ -224,6 +224,10 @@ type member struct {
 	burstFrom  time.Duration
 	burstCount int
 	ackLag     time.Duration // how late acks come: the longest gap between bursts lately
+	// ackMean and ackSquare are moving averages of the service times
+	// single acknowledgements showed, and of their squares: how variable
+	// the member's work is (serviceVariability).
+	ackMean, ackSquare float64
 
 	// Until its first measurement: the messages sent to it not known to be
 	// finished, and when the oldest of them started (as far as is known).
@@ -260,6 +264,7 @@ func (m *member) reset(now time.Duration) {
 	m.completions = 0
 	m.lastCompletion = now
 	m.ackWindow = durationWindow{}
+	m.ackMean, m.ackSquare = 0, 0
 	m.burstFrom, m.burstCount, m.ackLag = now, 0, 0
 	m.unconfirmed = 0
 	m.unconfirmedSince = now
@@ -278,6 +283,11 @@ func (m *member) learnsFromAcks() bool { return m.acksAreFinishes && m.ackWindow
 // by the broker are evidence and win over what the member reports.
 func (m *member) service() time.Duration {
 	if m.learnsFromAcks() {
+		if m.serviceVariability() > variableService {
+			// Five samples of variable work are too few: the longer
+			// moving average is steadier.
+			return time.Duration(m.ackMean)
+		}
 		return m.ackWindow.mean()
 	}
 	s := m.serviceWindow.mean()
@@ -338,6 +348,19 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 	}
 	if queued > 0 {
 		if floor := now + time.Duration(queued)*svc; floor > start {
+			start = floor
+		}
+	}
+	if cv2 := m.serviceVariability(); cv2 > 0 && queued >= 0 && m.inflight >= m.workers && svc > 0 {
+		// Variable work: what is left of the running message is, on
+		// average, more than its service time less what it ran.
+		since := m.lastCompletion
+		if sent, ok := m.sends.oldest(); ok && sent > since {
+			since = sent
+		}
+		left := max(svc-(now-since), 0)
+		left += time.Duration(cv2 * float64(svc-left))
+		if floor := now + time.Duration(queued)*svc + left; floor > start {
 			start = floor
 		}
 	}
@@ -536,6 +559,7 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 		}
 		m.burstFrom, m.burstCount = start, 1
 		m.ackWindow.push(now - start)
+		m.learnVariability(now - start)
 		learnt = true
 	}
 	m.completions++
@@ -561,6 +585,42 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 	lower := now + time.Duration(max(queued-1, 0))*svc
 	m.freeAt = min(max(m.freeAt, lower), upper)
 	return learnt
+}
+
+// variableService is the squared coefficient of variation above which a
+// member's service estimate is the moving average of its acknowledged
+// service times rather than the mean of the last reportWindow.
+const variableService = 0.25
+
+// variabilityWeight is the weight of a new sample in the moving averages
+// of serviceVariability.
+const variabilityWeight = 1.0 / 16
+
+// learnVariability folds one service time shown by a single
+// acknowledgement into the moving averages of its mean and square.
+func (m *member) learnVariability(sample time.Duration) {
+	x := float64(sample)
+	if m.ackMean == 0 {
+		m.ackMean, m.ackSquare = x, x*x
+		return
+	}
+	m.ackMean += variabilityWeight * (x - m.ackMean)
+	m.ackSquare += variabilityWeight * (x*x - m.ackSquare)
+}
+
+// serviceVariability is the squared coefficient of variation of the
+// member's service times as its acknowledgements show them, within [0, 1]:
+// 0 when every message takes as long (what is left of the running one is
+// its service time less what it ran), 1 when its work is as variable as an
+// exponential distribution's (what is left does not depend on what it
+// ran), or more. A member whose acks come in bursts (ackLag) shows, in its
+// ack times, when it flushed rather than how long its work took: 0.
+func (m *member) serviceVariability() float64 {
+	if m.ackMean <= 0 || m.ackLag > 0 {
+		return 0
+	}
+	v := m.ackSquare/(m.ackMean*m.ackMean) - 1
+	return min(max(v, 0), 1)
 }
 
 // deliveryDropped books a delivery abandoned without acknowledgement.
