@@ -83,7 +83,16 @@ func TestReconnectDuringTeardown(t *testing.T) {
 		{"without the hook Mochi forgets the new connection", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gate := &teardownGate{inWindow: make(chan struct{}), established: make(chan struct{}), release: 500 * time.Millisecond}
+			// With the hook the new connection waits for the teardown, so
+			// only release ends the window; without it the new connection's
+			// session ends it, and release is a bound that a loaded machine
+			// must not reach first (CI: the old teardown finished before the
+			// new connection was established, and the race never ran).
+			release := 500 * time.Millisecond
+			if !tc.withHook {
+				release = 10 * time.Second
+			}
+			gate := &teardownGate{inWindow: make(chan struct{}), established: make(chan struct{}), release: release}
 			server := mqtt.New(&mqtt.Options{InlineClient: false, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			var reconnect *hooks.ReconnectOrderHook
 			if tc.withHook {
