@@ -15,8 +15,9 @@
 // are it can only guess, and at high utilisation the backlog built in that
 // blind time never drains. So the Subscriber reports as soon as it has
 // measured its first processing time, whenever its pending count jumps
-// (at most every 100 ms), and otherwise every report interval, which it
-// takes from the broker's CONNACK unless configured.
+// (at most every 100 ms), when it goes idle after receiving work since its
+// last report (at most every 10 ms), and otherwise every report interval,
+// which it takes from the broker's CONNACK unless configured.
 //
 // An application that keeps its own autopaho (or paho) client reports its
 // load with a LoadReporter instead: LoadReporter.Adopt sets its Pinger on

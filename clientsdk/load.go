@@ -36,10 +36,11 @@ func (l *loadTracker) begin(start time.Time) {
 }
 
 // end records that the handler that started at start finished at now and
-// returns how many handlers finished since the last report. A start that
-// begin did not record (the caller timed the handler itself) counts for the
-// processing time but not for the handlers running.
-func (l *loadTracker) end(start, now time.Time) (finishedSinceReport int) {
+// returns how many handlers finished since the last report and how many
+// are still running. A start that begin did not record (the caller timed
+// the handler itself) counts for the processing time but not for the
+// handlers running.
+func (l *loadTracker) end(start, now time.Time) (finishedSinceReport, running int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	d := now.Sub(start)
@@ -61,14 +62,14 @@ func (l *loadTracker) end(start, now time.Time) (finishedSinceReport int) {
 	}
 	l.sumSinceReport += d
 	l.countSinceReport++
-	return l.countSinceReport
+	return l.countSinceReport, len(l.running)
 }
 
 // signal returns what the report schedule needs.
-func (l *loadTracker) signal() (finishedSinceReport int, meanKnown bool) {
+func (l *loadTracker) signal() (finishedSinceReport, running int, meanKnown bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.countSinceReport, l.meanKnown
+	return l.countSinceReport, len(l.running), l.meanKnown
 }
 
 // meanProcessingTime returns the running mean handler duration (0 if none

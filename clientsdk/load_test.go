@@ -40,10 +40,15 @@ func TestLoadTrackerReportsMeanSinceLastReport(t *testing.T) {
 
 	l.begin(t0)
 	l.begin(t0)
-	require.Equal(t, 1, l.end(t0, t0.Add(10*time.Millisecond)), "first finish since the report")
-	require.Equal(t, 2, l.end(t0, t0.Add(30*time.Millisecond)))
-	finished, known := l.signal()
+	finished, running := l.end(t0, t0.Add(10*time.Millisecond))
+	require.Equal(t, 1, finished, "first finish since the report")
+	require.Equal(t, 1, running)
+	finished, running = l.end(t0, t0.Add(30*time.Millisecond))
 	require.Equal(t, 2, finished)
+	require.Zero(t, running)
+	finished, running, known := l.signal()
+	require.Equal(t, 2, finished)
+	require.Zero(t, running)
 	require.True(t, known)
 
 	// Running mean: 10 ms, then 10 + 0.1×(30−10) = 12 ms.
@@ -60,6 +65,7 @@ func TestLoadTrackerReportsMeanSinceLastReport(t *testing.T) {
 
 	snap = l.take(t0.Add(50*time.Millisecond), 0)
 	require.Zero(t, snap.processingTime, "the period restarted")
-	finished, _ = l.signal()
+	finished, running, _ = l.signal()
 	require.Zero(t, finished)
+	require.Equal(t, 1, running, "the handler begun at 40 ms")
 }

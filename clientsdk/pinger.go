@@ -265,7 +265,7 @@ func (p *reportPinger) sendReport(w *packetWriter, sched *reportSchedule, now ti
 	if err != nil {
 		return err
 	}
-	sched.sent(now, r.Pending, r.Processed)
+	sched.sent(now, r.Pending, r.InProgress, r.Received, r.Processed)
 	p.lastPending.Store(int64(r.Pending))
 	p.jumpSignaled.Store(false)
 	p.reportsSent.Add(1)

@@ -289,9 +289,14 @@ func (r *LoadReporter) begin() time.Time {
 
 // finish records the handler that started at start ending at end.
 func (r *LoadReporter) finish(start, end time.Time) {
-	if n := r.load.end(start, end); n&(n-1) == 0 && n <= warmupLimit {
+	n, running := r.load.end(start, end)
+	switch {
+	case n&(n-1) == 0 && n <= warmupLimit:
 		// Perhaps a first measurement, or enough new ones for a warm-up
 		// report: let the schedule decide.
+		r.pinger.signal()
+	case running == 0 && r.pending() == 0:
+		// Idle: perhaps the broker must be told.
 		r.pinger.signal()
 	}
 }
@@ -313,8 +318,8 @@ func (r *LoadReporter) pending() int {
 
 // loadSignal implements reportSource.
 func (r *LoadReporter) loadSignal() loadSignal {
-	finished, known := r.load.signal()
-	return loadSignal{pending: r.pending(), finishedSinceReport: finished, meanKnown: known}
+	finished, running, known := r.load.signal()
+	return loadSignal{pending: r.pending(), inProgress: running, received: r.receivedOnConn.Load(), finishedSinceReport: finished, meanKnown: known}
 }
 
 // takeReport implements reportSource.

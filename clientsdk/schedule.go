@@ -6,6 +6,12 @@ import "time"
 // because the pending count jumped.
 const minJumpReportGap = 100 * time.Millisecond
 
+// minIdleReportGap is the shortest time between a report and a report sent
+// because the client went idle. An idle report follows at least one
+// message received since the previous report, so a client sends at most
+// one per message and at most 100 a second.
+const minIdleReportGap = 10 * time.Millisecond
+
 // reportReason says why a report is sent.
 type reportReason int
 
@@ -23,6 +29,10 @@ const (
 	reasonWarmup
 	// reasonPendingJump: the pending count changed sharply.
 	reasonPendingJump
+	// reasonIdle: nothing is pending or running any more, while the
+	// broker, from the last report and what it sent since, counts work
+	// still to do.
+	reasonIdle
 	// reasonPeriodic: the report interval elapsed.
 	reasonPeriodic
 )
@@ -37,6 +47,8 @@ func (r reportReason) String() string {
 		return "warm-up"
 	case reasonPendingJump:
 		return "pending-jump"
+	case reasonIdle:
+		return "idle"
 	case reasonPeriodic:
 		return "periodic"
 	}
@@ -47,8 +59,10 @@ func (r reportReason) String() string {
 // report.
 type loadSignal struct {
 	pending             int
-	finishedSinceReport int  // handlers finished since the last report
-	meanKnown           bool // a processing time has ever been measured
+	inProgress          int    // handlers running now
+	received            uint64 // messages received on this connection
+	finishedSinceReport int    // handlers finished since the last report
+	meanKnown           bool   // a processing time has ever been measured
 }
 
 // warmupLimit is how many measured messages the warm-up reports cover
@@ -69,6 +83,8 @@ type reportSchedule struct {
 	connectedAt time.Time
 	lastReport  time.Time // zero before the first report on this connection
 	lastPending int       // pending count in the last report
+	lastBusy    bool      // the last report counted pending or running messages
+	receivedAt  uint64    // messages received on the connection at the last report
 	ptReported  bool      // a report on this connection carried a processing time
 	measured    int       // messages the reports on this connection covered
 }
@@ -98,6 +114,17 @@ func (s *reportSchedule) next(now time.Time, l loadSignal) (reportReason, time.T
 	if !now.Before(periodic) {
 		return reasonPeriodic, now
 	}
+	if idle := l.pending == 0 && l.inProgress == 0; idle && l.meanKnown && !s.lastReport.IsZero() && (s.lastBusy || l.received > s.receivedAt) {
+		// The broker thinks it is still busy: it is told at once (within
+		// minIdleReportGap of the last report) that it is free.
+		at := s.lastReport.Add(minIdleReportGap)
+		if !now.Before(at) {
+			return reasonIdle, now
+		}
+		if at.Before(periodic) {
+			return reasonNone, at
+		}
+	}
 	if pendingJumped(s.lastPending, l.pending) {
 		at := now
 		if !s.lastReport.IsZero() {
@@ -115,11 +142,14 @@ func (s *reportSchedule) next(now time.Time, l loadSignal) (reportReason, time.T
 	return reasonNone, periodic
 }
 
-// sent records a report sent at now that carried a processing time
-// measured over processed messages (0: none).
-func (s *reportSchedule) sent(now time.Time, pending, processed int) {
+// sent records a report sent at now, with pending messages, inProgress
+// running, received messages received on the connection so far, and a
+// processing time measured over processed messages (0: none).
+func (s *reportSchedule) sent(now time.Time, pending, inProgress int, received uint64, processed int) {
 	s.lastReport = now
 	s.lastPending = pending
+	s.lastBusy = pending > 0 || inProgress > 0
+	s.receivedAt = received
 	if processed > 0 {
 		s.ptReported = true
 		s.measured += processed

@@ -58,7 +58,7 @@ func (c *clockSchedule) advance(to time.Duration) {
 		if reason != reasonNone {
 			c.sent = append(c.sent, reason)
 			c.times = append(c.times, c.now.Sub(t0))
-			c.s.sent(c.now, c.load.pending, c.load.finishedSinceReport)
+			c.s.sent(c.now, c.load.pending, c.load.inProgress, c.load.received, c.load.finishedSinceReport)
 			c.load.finishedSinceReport = 0
 			continue
 		}
@@ -175,4 +175,39 @@ func TestScheduleFollowsIntervalChange(t *testing.T) {
 	c.s.interval = 300 * time.Millisecond // as when CONNACK announces it
 	c.advance(1000 * time.Millisecond)
 	require.Equal(t, []time.Duration{300 * time.Millisecond, 600 * time.Millisecond, 900 * time.Millisecond}, c.times)
+}
+
+// TestScheduleReportsGoingIdle: a client that received work since its last
+// report and has nothing pending or running any more says so at once (at
+// most every minIdleReportGap), so the broker does not wait out its
+// predicted service time: with work as variable as an exponential
+// distribution's, most messages end far before it. Idle with nothing
+// received since an idle report, it stays quiet.
+func TestScheduleReportsGoingIdle(t *testing.T) {
+	c := newClockSchedule(t, time.Second)
+	c.s.lastReport, c.s.ptReported, c.s.measured = t0, true, warmupLimit
+	c.load.meanKnown = true
+
+	c.load.received, c.load.inProgress = 1, 1
+	c.advance(4 * time.Millisecond)
+	require.Empty(t, c.sent, "busy: nothing to say")
+	c.load.inProgress = 0
+	c.advance(20 * time.Millisecond)
+	require.Equal(t, []reportReason{reasonIdle}, c.sent)
+	require.Equal(t, []time.Duration{minIdleReportGap}, c.times, "not sooner than minIdleReportGap after the last report")
+
+	c.advance(500 * time.Millisecond)
+	require.Len(t, c.sent, 1, "idle, nothing received since: no report")
+
+	c.load.received, c.load.inProgress = 2, 1
+	c.advance(501 * time.Millisecond)
+	c.load.inProgress = 0
+	c.advance(502 * time.Millisecond)
+	require.Equal(t, []reportReason{reasonIdle, reasonIdle}, c.sent)
+	require.Equal(t, 501*time.Millisecond, c.times[1])
+
+	// Pending work is not idle, even with no handler running.
+	c.load.received, c.load.pending = 3, 1
+	c.advance(600 * time.Millisecond)
+	require.Len(t, c.sent, 2)
 }

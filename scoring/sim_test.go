@@ -44,6 +44,7 @@ const (
 	simPublishStart = 300 * time.Millisecond
 	simReportEvery  = time.Second
 	simMinGap       = 100 * time.Millisecond // rate limit of pending-change reports
+	simMinIdleGap   = 10 * time.Millisecond  // rate limit of going-idle reports
 )
 
 // simReporting says when a simulated member reports.
@@ -51,8 +52,9 @@ type simReporting int
 
 const (
 	// reportsSDK: like LuffyMQ's SDK: right after the first processed
-	// message, every 1 s, and on a pending jump of ≥ max(2, 50 %)
-	// (at most every 100 ms).
+	// message, every 1 s, on a pending jump of ≥ max(2, 50 %) (at most
+	// every 100 ms), and on going idle after receiving work since its last
+	// report (at most every 10 ms).
 	reportsSDK simReporting = iota
 	// reportsTimer: only on the 1 s timer.
 	reportsTimer
@@ -155,13 +157,15 @@ type simMember struct {
 	onWire    int // sent by the broker, not yet arrived
 
 	// reporter state
-	doneSince     int           // messages finished since the last report
-	doneSinceSum  time.Duration // their processing time
-	doneTotal     int
-	lastTp        time.Duration // the last reported processing time
-	reported      bool
-	lastReportAt  time.Duration
-	lastReportedQ int
+	doneSince        int           // messages finished since the last report
+	doneSinceSum     time.Duration // their processing time
+	doneTotal        int
+	lastTp           time.Duration // the last reported processing time
+	reported         bool
+	lastReportAt     time.Duration
+	lastReportedQ    int
+	lastReportedBusy bool
+	receivedAtReport uint64
 
 	latencies []time.Duration // per dequeued message, in dequeue order
 	// lastService is how long the message it ran last took.
@@ -394,6 +398,8 @@ func (s *simRun) report(i int) {
 	m.reported = true
 	m.lastReportAt = s.now
 	m.lastReportedQ = len(m.fifo)
+	m.lastReportedBusy = m.busy || len(m.fifo) > 0
+	m.receivedAtReport = m.received
 	s.push(simEvent{at: s.toBroker(i), kind: evReport, member: i, load: l})
 }
 
@@ -404,6 +410,10 @@ func (s *simRun) maybeReportOnChange(i int) {
 	}
 	m := s.members[i]
 	q := len(m.fifo)
+	if q == 0 && !m.busy && m.reported && (m.lastReportedBusy || m.received > m.receivedAtReport) && s.now-m.lastReportAt >= simMinIdleGap {
+		s.report(i) // gone idle while the broker counts work
+		return
+	}
 	diff := q - m.lastReportedQ
 	if diff < 0 {
 		diff = -diff
@@ -879,31 +889,48 @@ func TestSimulationFleet(t *testing.T) {
 // TestSimulationFleetVariableWork runs uneven fleets whose work is
 // exponentially distributed (each message's size drawn at publish), with
 // plain QoS 1 members that acknowledge at once (Python paho, MQTT.js) or
-// every 50 ms (paho.golang's default), over five seeds. Variable work
-// hides when a member will be free: adaptive must lose nothing, stay
-// within 1.25× of join-the-shortest-queue with timely acks (whose exact
-// queue lengths are what matters most when work is memoryless) and beat it
-// with batched acks; its ratio to the perfect-information oracle, which
-// knows every message's size, is logged.
+// every 50 ms (paho.golang's default), and with QoS 0 members reporting
+// like the SDK, over five seeds. Variable work hides when a member will be
+// free: adaptive must lose nothing, stay within 1.25× of
+// join-the-shortest-queue with timely acks (whose exact queue lengths are
+// what matters most when work is memoryless) and beat it with batched
+// acks; its ratio to the perfect-information oracle, which knows every
+// message's size, is logged.
 func TestSimulationFleetVariableWork(t *testing.T) {
+	type members struct {
+		reporting simReporting
+		qos1      bool
+		flush     time.Duration
+	}
 	for _, n := range []int{6, 20, 50} {
-		for _, flush := range []time.Duration{0, 50 * time.Millisecond} {
+		for _, kind := range []members{{reportsNone, true, 0}, {reportsNone, true, 50 * time.Millisecond}, {reportsSDK, false, 0}} {
+			flush := kind.flush
 			means := map[string]float64{}
 			for _, strategy := range []string{"adaptive", "jsq", "oracle"} {
 				for seed := uint64(31); seed < 36; seed++ {
 					sc := simFleet(n, 0.85, seed)
 					sc.expService = true
-					r := runSim(t, simConfig{scenario: sc, strategy: strategy, reporting: reportsNone, qos1: true, ackFlush: flush, wire: 300 * time.Microsecond, jitter: 200 * time.Microsecond})
+					r := runSim(t, simConfig{scenario: sc, strategy: strategy, reporting: kind.reporting, qos1: kind.qos1, ackFlush: flush, wire: 300 * time.Microsecond, jitter: 200 * time.Microsecond})
 					require.Equal(t, r.published, r.dequeued, "lost messages: %s", r)
 					require.Zero(t, r.duplicated)
 					means[strategy] += toMs(r.mean) / 5
 				}
 			}
 			name := fmt.Sprintf("fleet-%d exponential work, acks every %v", n, flush)
+			if !kind.qos1 {
+				name = fmt.Sprintf("fleet-%d exponential work, SDK reports", n)
+			}
 			t.Logf("%s: adaptive %.2f ms, jsq %.2f, oracle %.2f (adaptive = %.1f× the oracle)", name, means["adaptive"], means["jsq"], means["oracle"], means["adaptive"]/means["oracle"])
-			if flush == 0 {
+			switch {
+			case !kind.qos1:
+				// Not held to jsq: with the SDK's going-idle reports, jsq's
+				// count (reported queue plus sent since) is what matters
+				// for memoryless work, and adaptive's model, which takes a
+				// message to end at its mean, is behind it at 20 and 50
+				// members (39.5 against 28.6 ms at 20). Issue 23.
+			case flush == 0:
 				require.LessOrEqual(t, means["adaptive"], 1.25*means["jsq"], name)
-			} else {
+			default:
 				require.Less(t, means["adaptive"], means["jsq"], name)
 			}
 		}
