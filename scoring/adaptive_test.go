@@ -649,6 +649,41 @@ func TestAdaptiveVariableWorkIsNotDoneAtItsMean(t *testing.T) {
 	}
 }
 
+// TestAdaptiveVariableReportedWorkCountsWhatIsHeld: a QoS 0 member that
+// reports going idle (LuffyMQ's SDK) and whose reported processing times
+// vary as much as an exponential distribution's is predicted busy for the
+// messages it holds, a service time each, until it says otherwise: its
+// silence means it still has them. With constant reported times the model
+// of what was sent decides, as before.
+func TestAdaptiveVariableReportedWorkCountsWhatIsHeld(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		services []time.Duration
+	}{
+		{"constant", []time.Duration{ms(20), ms(20)}},
+		{"variable", []time.Duration{ms(2), ms(38), ms(1), ms(39)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, adaptive, "a")
+			for i := 0; i < 40; i++ {
+				f.sel()
+				f.advance(c.services[i%len(c.services)])
+				f.report("a", scoring.Load{ProcessingTime: c.services[i%len(c.services)], Processed: 1, Received: uint64(i + 1), HasReceived: true})
+				f.advance(ms(5))
+			}
+			f.sel()
+			f.sel()
+			f.advance(ms(45)) // the model of what was sent: both done
+			wait := f.member("a").PredictedWait
+			if c.name == "constant" {
+				require.Zero(t, wait)
+				return
+			}
+			require.Greater(t, wait, ms(20), "two messages held, variable work")
+		})
+	}
+}
+
 // TestAdaptiveColdStartSpreadsByInFlight: before anything is known about
 // anyone, messages go to the member holding the fewest, and a member that
 // has never finished anything holds at most NewcomerCap while others are

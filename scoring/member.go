@@ -224,10 +224,19 @@ type member struct {
 	burstFrom  time.Duration
 	burstCount int
 	ackLag     time.Duration // how late acks come: the longest gap between bursts lately
-	// ackMean and ackSquare are moving averages of the service times
-	// single acknowledgements showed, and of their squares: how variable
-	// the member's work is (serviceVariability).
-	ackMean, ackSquare float64
+	// ackVariability holds the service times single acknowledgements
+	// showed: how variable the member's work is (serviceVariability).
+	ackVariability Variability
+	// reportVariability holds the processing times its reports gave,
+	// each the mean of Processed messages.
+	reportVariability Variability
+	// reportedBusy is whether its last report had a message pending or
+	// running.
+	reportedBusy bool
+	// reportsIdle is whether it has sent a report saying, explicitly,
+	// that nothing is pending or running (LuffyMQ's SDK: it reports going
+	// idle at once). Its silence then means it still holds work.
+	reportsIdle bool
 
 	// Until its first measurement: the messages sent to it not known to be
 	// finished, and when the oldest of them started (as far as is known).
@@ -264,7 +273,8 @@ func (m *member) reset(now time.Duration) {
 	m.completions = 0
 	m.lastCompletion = now
 	m.ackWindow = durationWindow{}
-	m.ackMean, m.ackSquare = 0, 0
+	m.ackVariability = Variability{}
+	m.reportVariability, m.reportedBusy, m.reportsIdle = Variability{}, false, false
 	m.burstFrom, m.burstCount, m.ackLag = now, 0, 0
 	m.unconfirmed = 0
 	m.unconfirmedSince = now
@@ -286,7 +296,7 @@ func (m *member) service() time.Duration {
 		if m.serviceVariability() > variableService {
 			// Five samples of variable work are too few: the longer
 			// moving average is steadier.
-			return time.Duration(m.ackMean)
+			return m.ackVariability.Mean()
 		}
 		return m.ackWindow.mean()
 	}
@@ -358,10 +368,24 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 		if sent, ok := m.sends.oldest(); ok && sent > since {
 			since = sent
 		}
-		left := max(svc-(now-since), 0)
-		left += time.Duration(cv2 * float64(svc-left))
+		left := ExpectedRemaining(svc, now-since, cv2)
 		if floor := now + time.Duration(queued)*svc + left; floor > start {
 			start = floor
+		}
+	}
+	if cv2 := m.reportVariability.SquaredCV(); m.reportsIdle && m.qosDeliveries == 0 && cv2 > 0 && svc > 0 {
+		// Variable work, known from reports: a message ends at its mean
+		// no more than any other moment, so the messages the member holds
+		// (reported, plus sent since) count each a service time however
+		// long ago they were sent, in the share cv² of the estimate.
+		held := m.reportedPending + m.sentSinceReport
+		if m.reportedBusy && m.reportedPending == 0 {
+			held++ // the running one
+		}
+		held = (held + m.workers - 1) / m.workers
+		counted := now + time.Duration(held)*svc
+		if blend := start + time.Duration(cv2*float64(counted-start)); blend > start {
+			start = blend
 		}
 	}
 	// Acknowledgements that mark finished work are evidence: the oldest
@@ -421,6 +445,10 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 	// Thesis bookkeeping, exactly as §1.3.
 	m.thesisWindow.push(l.ProcessingTime)
 	m.reportedPending = l.Pending
+	m.reportedBusy = l.Pending > 0 || l.InProgress > 0
+	if l.HasReceived && !m.reportedBusy {
+		m.reportsIdle = true
+	}
 	m.sentSinceReport = 0
 	m.lastReport = now
 	m.reports++
@@ -435,6 +463,7 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 		// the first measurement alone is noisy, and between two reports
 		// the prediction runs on this estimate alone.
 		m.serviceWindow.pushWeighted(l.ProcessingTime, l.Processed)
+		m.reportVariability.AddMean(l.ProcessingTime, l.Processed)
 		m.unconfirmed = 0 // it has finished what it measured
 		m.unconfirmedSince = now
 	}
@@ -559,7 +588,7 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 		}
 		m.burstFrom, m.burstCount = start, 1
 		m.ackWindow.push(now - start)
-		m.learnVariability(now - start)
+		m.ackVariability.Add(now - start)
 		learnt = true
 	}
 	m.completions++
@@ -592,22 +621,6 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 // service times rather than the mean of the last reportWindow.
 const variableService = 0.25
 
-// variabilityWeight is the weight of a new sample in the moving averages
-// of serviceVariability.
-const variabilityWeight = 1.0 / 16
-
-// learnVariability folds one service time shown by a single
-// acknowledgement into the moving averages of its mean and square.
-func (m *member) learnVariability(sample time.Duration) {
-	x := float64(sample)
-	if m.ackMean == 0 {
-		m.ackMean, m.ackSquare = x, x*x
-		return
-	}
-	m.ackMean += variabilityWeight * (x - m.ackMean)
-	m.ackSquare += variabilityWeight * (x*x - m.ackSquare)
-}
-
 // serviceVariability is the squared coefficient of variation of the
 // member's service times as its acknowledgements show them, within [0, 1]:
 // 0 when every message takes as long (what is left of the running one is
@@ -616,11 +629,10 @@ func (m *member) learnVariability(sample time.Duration) {
 // ran), or more. A member whose acks come in bursts (ackLag) shows, in its
 // ack times, when it flushed rather than how long its work took: 0.
 func (m *member) serviceVariability() float64 {
-	if m.ackMean <= 0 || m.ackLag > 0 {
+	if m.ackLag > 0 {
 		return 0
 	}
-	v := m.ackSquare/(m.ackMean*m.ackMean) - 1
-	return min(max(v, 0), 1)
+	return m.ackVariability.SquaredCV()
 }
 
 // deliveryDropped books a delivery abandoned without acknowledgement.
