@@ -512,6 +512,9 @@ func TestFsyncNeedsDataDir(t *testing.T) {
 type replayRaceHook struct {
 	mqtt.HookBase
 	watched string
+	// replayDone is the journal hook's own end of the replay (closed
+	// before the hooks after it run OnStarted, which replayEnded marks).
+	replayDone <-chan struct{}
 
 	mu                 sync.Mutex
 	replayEnded        bool
@@ -540,9 +543,13 @@ func (h *replayRaceHook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	if cl.ID != h.watched {
 		return
 	}
-	h.mu.Lock()
-	h.establishedEarly = !h.replayEnded
-	h.mu.Unlock()
+	select {
+	case <-h.replayDone:
+	default:
+		h.mu.Lock()
+		h.establishedEarly = true
+		h.mu.Unlock()
+	}
 	h.establishedOnce.Do(func() { close(h.establishedSeen) })
 }
 
@@ -589,6 +596,7 @@ func TestPersistenceReplayCompletesBeforeSessionsResume(t *testing.T) {
 	watch := &replayRaceHook{watched: "race-sub", connectSeen: make(chan struct{}), establishedSeen: make(chan struct{})}
 	b2, err := New(Config{MQTTListen: addr, ReportInterval: 100 * time.Millisecond, Logger: discardLogger(), DataDir: dir})
 	require.NoError(t, err)
+	watch.replayDone = b2.persist.hook.replayed
 	require.NoError(t, b2.Server().AddHook(watch, nil))
 
 	// The broker starts in the background and the subscriber dials until
