@@ -66,10 +66,7 @@ func TestSessionTopicAliasHookKeepsResentMessagesNamed(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			server, addr := newAliasServer(t, withHook)
 			old := dialWithAliases(t, addr, "aliased", 3600)
-			old.subscribeAt("jobs", 1)
-			require.NoError(t, server.Publish("jobs", []byte("one"), false, 1))
-			require.NoError(t, server.Publish("jobs", []byte("two"), false, 1))
-			first, second := old.nextPublish(), old.nextPublish()
+			first, second := receiveTwoOnJobs(t, server, old)
 			old.puback(first.PacketID)
 			require.Eventually(t, func() bool {
 				cl, _ := server.Clients.Get("aliased")
@@ -91,15 +88,21 @@ func TestSessionTopicAliasHookKeepsResentMessagesNamed(t *testing.T) {
 	}
 }
 
+// receiveTwoOnJobs subscribes c to "jobs" at QoS 1, publishes "one" and
+// "two" there from the server and returns the two PUBLISH packets c reads.
+func receiveTwoOnJobs(t *testing.T, server *mqtt.Server, c *rawClient) (first, second packets.Packet) {
+	t.Helper()
+	c.subscribeAt("jobs", 1)
+	require.NoError(t, server.Publish("jobs", []byte("one"), false, 1))
+	require.NoError(t, server.Publish("jobs", []byte("two"), false, 1))
+	return c.nextPublish(), c.nextPublish()
+}
+
 // TestSessionTopicAliasHookLeavesShortSessionsTheirAliases: a session that
 // ends with its connection is never resent anything and keeps its aliases.
 func TestSessionTopicAliasHookLeavesShortSessionsTheirAliases(t *testing.T) {
 	server, addr := newAliasServer(t, true)
-	c := dialWithAliases(t, addr, "short", 0)
-	c.subscribeAt("jobs", 1)
-	require.NoError(t, server.Publish("jobs", []byte("one"), false, 1))
-	require.NoError(t, server.Publish("jobs", []byte("two"), false, 1))
-	first, second := c.nextPublish(), c.nextPublish()
+	first, second := receiveTwoOnJobs(t, server, dialWithAliases(t, addr, "short", 0))
 	require.Equal(t, "jobs", first.TopicName)
 	require.NotZero(t, first.Properties.TopicAlias)
 	require.Empty(t, second.TopicName, "the alias set up by the first is used")
