@@ -45,6 +45,14 @@ import (
 // at once, for a short while (lateAdoptWindow). A new connection with clean
 // start discards the old session, and the kept deliveries with it.
 //
+// A connection that takes a session over and then fails before its session
+// is established (Mochi could not write its CONNACK or resend its
+// messages) never reaches OnSessionEstablished, yet holds the session,
+// registered under the client ID. Deliveries kept for such an ID longer
+// than lateAdoptWindow are added to whatever object then holds the
+// session, at the hook's next takeover event, so that neither they nor the
+// record of the takeover stay in the hook for good.
+//
 // On the delivery path the hook costs one atomic load per QoS≥1 delivery
 // (is the client taken over?).
 type TakeoverHook struct {
@@ -67,8 +75,11 @@ type TakeoverHook struct {
 	// by client ID, for deliveries started on the old object late.
 	resumed map[string]resumedSession
 	// takingOver are the client IDs whose session a connection is taking
-	// over, from OnSessionEstablish to OnSessionEstablished.
-	takingOver map[string]struct{}
+	// over, from OnSessionEstablish to OnSessionEstablished, and since
+	// when.
+	takingOver map[string]time.Time
+	// now is the clock (time.Now; tests set it).
+	now func() time.Time
 
 	adopted atomic.Uint64
 	missed  atomic.Uint64
@@ -82,6 +93,7 @@ const lateAdoptWindow = 5 * time.Second
 type keptDelivery struct {
 	from *mqtt.Client
 	pk   packets.Packet
+	at   time.Time // when it was kept
 }
 
 // resumedSession is a client object that took over a session: resumed it,
@@ -94,7 +106,7 @@ type resumedSession struct {
 
 // NewTakeoverHook returns a TakeoverHook for server.
 func NewTakeoverHook(server *mqtt.Server) *TakeoverHook {
-	return &TakeoverHook{server: server, kept: map[string][]keptDelivery{}, resumed: map[string]resumedSession{}, takingOver: map[string]struct{}{}}
+	return &TakeoverHook{server: server, kept: map[string][]keptDelivery{}, resumed: map[string]resumedSession{}, takingOver: map[string]time.Time{}, now: time.Now}
 }
 
 // ID names the hook.
@@ -141,14 +153,16 @@ func (h *TakeoverHook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64,
 func (h *TakeoverHook) route(d keptDelivery) {
 	cl := d.from
 	h.mu.Lock()
+	now := h.now()
 	r, ok := h.resumed[cl.ID]
-	if ok && time.Since(r.at) > lateAdoptWindow {
+	if ok && now.Sub(r.at) > lateAdoptWindow {
 		delete(h.resumed, cl.ID)
 		ok = false
 	}
 	if !ok || r.cl == cl || r.cl.IsTakenOver() {
 		// The session's new object is not established yet (cl may be
 		// the object resumed last time, now being taken over itself).
+		d.at = now
 		h.kept[cl.ID] = append(h.kept[cl.ID], d)
 		h.mu.Unlock()
 		return
@@ -163,17 +177,20 @@ func (h *TakeoverHook) route(d keptDelivery) {
 }
 
 // OnSessionEstablish notes a connection about to take over an existing
-// session (Mochi takes it over next).
+// session (Mochi takes it over next), and settles what failed takeovers
+// left (pruneLocked).
 func (h *TakeoverHook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	if h.server == nil {
 		return
 	}
-	if _, ok := h.server.Clients.Get(cl.ID); !ok {
-		return
-	}
+	_, existing := h.server.Clients.Get(cl.ID)
 	h.mu.Lock()
-	h.takingOver[cl.ID] = struct{}{}
+	if existing {
+		h.takingOver[cl.ID] = h.now()
+	}
+	orphans := h.pruneLocked()
 	h.mu.Unlock()
+	h.settleOrphans(orphans)
 }
 
 // OnSessionEstablished moves the deliveries kept for the client ID to the
@@ -187,10 +204,11 @@ func (h *TakeoverHook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	delete(h.takingOver, cl.ID)
 	resumed := !cl.Properties.Clean
 	if had || tookOver {
-		h.resumed[cl.ID] = resumedSession{cl: cl, at: time.Now(), clean: !resumed}
+		h.resumed[cl.ID] = resumedSession{cl: cl, at: h.now(), clean: !resumed}
 	}
-	h.pruneLocked()
+	orphans := h.pruneLocked()
 	h.mu.Unlock()
+	h.settleOrphans(orphans)
 	if !resumed {
 		return
 	}
@@ -199,12 +217,56 @@ func (h *TakeoverHook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// pruneLocked forgets resumed sessions older than lateAdoptWindow.
-func (h *TakeoverHook) pruneLocked() {
-	now := time.Now()
+// pruneLocked forgets resumed sessions and takeovers older than
+// lateAdoptWindow, and takes out the deliveries kept that long, by client
+// ID: no connection established the session they were kept for.
+func (h *TakeoverHook) pruneLocked() map[string][]keptDelivery {
+	now := h.now()
 	for id, r := range h.resumed {
 		if now.Sub(r.at) > lateAdoptWindow {
 			delete(h.resumed, id)
+		}
+	}
+	for id, since := range h.takingOver {
+		if now.Sub(since) > lateAdoptWindow {
+			delete(h.takingOver, id)
+		}
+	}
+	var orphans map[string][]keptDelivery
+	for id, kept := range h.kept {
+		if _, pending := h.takingOver[id]; pending || now.Sub(kept[0].at) <= lateAdoptWindow {
+			continue
+		}
+		if orphans == nil {
+			orphans = map[string][]keptDelivery{}
+		}
+		orphans[id] = kept
+		delete(h.kept, id)
+	}
+	return orphans
+}
+
+// settleOrphans adds deliveries kept for sessions that no connection
+// established (pruneLocked) to the client object holding each session
+// now: the connection that took it over and failed, offline, or a later
+// one. A session discarded by a clean start takes none (as in
+// OnSessionEstablished); one that is gone neither, and they count as
+// missed.
+func (h *TakeoverHook) settleOrphans(orphans map[string][]keptDelivery) {
+	for id, kept := range orphans {
+		var holder *mqtt.Client
+		if h.server != nil {
+			holder, _ = h.server.Clients.Get(id)
+		}
+		switch {
+		case holder == nil || holder.IsTakenOver():
+			h.missed.Add(uint64(len(kept)))
+			continue
+		case holder.Properties.Clean:
+			continue // the session they were for was discarded
+		}
+		for _, d := range kept {
+			h.adopt(holder, d)
 		}
 	}
 }
