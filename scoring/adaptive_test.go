@@ -592,8 +592,9 @@ func TestAdaptiveLearnsServiceFromAcks(t *testing.T) {
 // 50 ms flushes, the simulated mean fell from 6.90 to 5.77 ms).
 func TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst(t *testing.T) {
 	f := newFixture(t, adaptive, "a")
-	// Two bursts of two acks, 50 ms apart: 25 ms per message, in bursts.
-	for i := 0; i < 2; i++ {
+	// Bursts of two acks every 50 ms, as a ticker flushes them: 25 ms per
+	// message, in bursts.
+	for i := 0; i < 10; i++ {
 		f.qos1Send()
 		f.qos1Send()
 		f.advance(ms(50))

@@ -224,6 +224,9 @@ type member struct {
 	burstFrom  time.Duration
 	burstCount int
 	ackLag     time.Duration // how late acks come: the longest gap between bursts lately
+	// ackGrid tells acks flushed by a timer from acks sent when work
+	// ends (acksOnTimer).
+	ackGrid ackGrid
 	// ackVariability holds the service times single acknowledgements
 	// showed: how variable the member's work is (serviceVariability).
 	ackVariability Variability
@@ -275,7 +278,7 @@ func (m *member) reset(now time.Duration) {
 	m.ackWindow = durationWindow{}
 	m.ackVariability = Variability{}
 	m.reportVariability, m.reportedBusy, m.reportsIdle = Variability{}, false, false
-	m.burstFrom, m.burstCount, m.ackLag = now, 0, 0
+	m.burstFrom, m.burstCount, m.ackLag, m.ackGrid = now, 0, 0, ackGrid{}
 	m.unconfirmed = 0
 	m.unconfirmedSince = now
 }
@@ -354,7 +357,7 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 	// burst, as many as that time allows: they are not counted.
 	queued := m.inflight - m.workers
 	if m.ackLag > 0 && m.acksAreFinishes && svc > 0 {
-		queued -= int((now - m.lastCompletion) / svc)
+		queued -= int((1 - m.serviceVariability()) * float64(now-m.lastCompletion) / float64(svc))
 	}
 	if queued > 0 {
 		if floor := now + time.Duration(queued)*svc; floor > start {
@@ -581,6 +584,9 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 		m.ackWindow.replaceLast((now - m.burstFrom) / time.Duration(m.burstCount))
 		learnt = true
 	case now-start > 0 && (known || m.completions > 0):
+		if m.completions > 0 {
+			m.ackGrid.observe(now - m.lastCompletion)
+		}
 		if gap := now - m.lastCompletion; m.burstCount > 1 && gap > m.ackLag {
 			m.ackLag = gap // the member sends acks in bursts this far apart
 		} else if m.burstCount > 1 {
@@ -626,14 +632,22 @@ const variableService = 0.25
 // 0 when every message takes as long (what is left of the running one is
 // its service time less what it ran), 1 when its work is as variable as an
 // exponential distribution's (what is left does not depend on what it
-// ran), or more. A member whose acks come in bursts (ackLag) shows, in its
-// ack times, when it flushed rather than how long its work took: 0.
+// ran), or more. A member whose acks a timer flushes (acksOnTimer) shows,
+// in its ack times, when it flushed rather than how long its work took: 0.
 func (m *member) serviceVariability() float64 {
-	if m.ackLag > 0 {
+	if m.acksOnTimer() {
 		return 0
 	}
 	return m.ackVariability.SquaredCV()
 }
+
+// acksOnTimer reports whether the member's acknowledgements come in bursts
+// that a timer flushes (paho.golang's manual acks, every 50 ms): each
+// shows that work ended some time since the last flush, not when. Bursts
+// whose acks are written when work ends (Python paho's, after its next
+// read) are not: they are late, but their times are the work's. Until the
+// gaps between bursts tell (ackGrid), bursts are taken to be a timer's.
+func (m *member) acksOnTimer() bool { return m.ackLag > 0 && !m.ackGrid.offGrid() }
 
 // deliveryDropped books a delivery abandoned without acknowledgement.
 func (m *member) deliveryDropped() {

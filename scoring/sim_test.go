@@ -109,6 +109,11 @@ type simConfig struct {
 	qos1      bool          // QoS 1, acknowledged after processing
 	wire      time.Duration // one-way broker↔member delay
 	ackFlush  time.Duration // acks are sent in bursts this often (paho.golang: 50 ms); 0: at once
+	// ackAfterRead writes acks as Python paho 1.6 does: after the next
+	// read, so an ack waits while the member goes straight on to another
+	// message and leaves with that one's (pairs), and leaves at once when
+	// the member goes idle.
+	ackAfterRead bool
 	// jitter adds a uniformly random [0, jitter) to every transfer, keeping
 	// each direction of each member's connection in order (TCP).
 	jitter time.Duration
@@ -129,6 +134,9 @@ func (c simConfig) variant() string {
 	}
 	if c.ackFlush > 0 {
 		v += fmt.Sprintf("+acks/%v", c.ackFlush)
+	}
+	if c.ackAfterRead {
+		v += "+acks-after-read"
 	}
 	if c.jitter > 0 {
 		v += fmt.Sprintf("+jitter%v", c.jitter)
@@ -515,9 +523,17 @@ func runSim(t *testing.T, cfg simConfig) simResult {
 			m.doneSince++
 			m.doneSinceSum += m.lastService
 			m.doneTotal++
-			if cfg.qos1 && cfg.ackFlush > 0 {
+			switch {
+			case cfg.qos1 && cfg.ackFlush > 0:
 				m.unsentAcks++
-			} else if cfg.qos1 {
+			case cfg.qos1 && cfg.ackAfterRead:
+				m.unsentAcks++
+				if m.unsentAcks >= 2 || len(m.fifo) == 0 {
+					for ; m.unsentAcks > 0; m.unsentAcks-- {
+						s.push(simEvent{at: s.toBroker(ev.member), kind: evAck, member: ev.member})
+					}
+				}
+			case cfg.qos1:
 				s.push(simEvent{at: s.toBroker(ev.member), kind: evAck, member: ev.member})
 			}
 			s.startNext(ev.member)
@@ -849,7 +865,8 @@ func simFleet(n int, rho float64, seed uint64) simScenario {
 
 // TestSimulationFleet compares the strategies on fleets of uneven members
 // under Poisson arrivals (ρ 0.85), with members that only acknowledge
-// (paho's 50 ms ack flush) and with thesis-format reporters, against the
+// (paho.golang's 50 ms ack flush, Python paho's acks after the next read)
+// and with thesis-format reporters, against the
 // perfect-information oracle. Adaptive must beat join-the-shortest-queue
 // and the sampling of 4 members it used before, and lose nothing; its
 // ratio to the zero-delay oracle is logged (members that only acknowledge
@@ -863,6 +880,7 @@ func TestSimulationFleet(t *testing.T) {
 		sc := simFleet(f.n, 0.85, f.seed)
 		for _, v := range []simConfig{
 			{reporting: reportsNone, qos1: true, ackFlush: 50 * time.Millisecond, wire: 100 * time.Microsecond},
+			{reporting: reportsNone, qos1: true, ackAfterRead: true, wire: 100 * time.Microsecond},
 			{reporting: reportsThesisKeys, wire: 100 * time.Microsecond},
 		} {
 			means := map[string]time.Duration{}
@@ -888,37 +906,43 @@ func TestSimulationFleet(t *testing.T) {
 
 // TestSimulationFleetVariableWork runs uneven fleets whose work is
 // exponentially distributed (each message's size drawn at publish), with
-// plain QoS 1 members that acknowledge at once (Python paho, MQTT.js) or
-// every 50 ms (paho.golang's default), and with QoS 0 members reporting
-// like the SDK, over five seeds. Variable work hides when a member will be
-// free: adaptive must lose nothing, stay within 1.25× of
-// join-the-shortest-queue with timely acks (whose exact queue lengths are
-// what matters most when work is memoryless) and beat it with batched
-// acks; its ratio to the perfect-information oracle, which knows every
-// message's size, is logged.
+// plain QoS 1 members that acknowledge at once (MQTT.js), every 50 ms
+// (paho.golang's default) or after their next read (Python paho), and
+// with QoS 0 members reporting like the SDK, over five seeds. Variable
+// work hides when a member will be free: adaptive must lose nothing and
+// beat join-the-shortest-queue (whose exact queue lengths are what matters
+// most when work is memoryless) with plain members, but at 50 members
+// acknowledging after their next read, where it stays within 1.6× of it
+// (10.4 against 6.7 ms; 20.3 before acks at work ends were told from a
+// timer's, 2026-11-27); its ratio to the perfect-information oracle,
+// which knows every message's size, is logged.
 func TestSimulationFleetVariableWork(t *testing.T) {
 	type members struct {
 		reporting simReporting
 		qos1      bool
 		flush     time.Duration
+		afterRead bool
 	}
 	for _, n := range []int{6, 20, 50} {
-		for _, kind := range []members{{reportsNone, true, 0}, {reportsNone, true, 50 * time.Millisecond}, {reportsSDK, false, 0}} {
+		for _, kind := range []members{{reportsNone, true, 0, false}, {reportsNone, true, 50 * time.Millisecond, false}, {reportsNone, true, 0, true}, {reportsSDK, false, 0, false}} {
 			flush := kind.flush
 			means := map[string]float64{}
 			for _, strategy := range []string{"adaptive", "jsq", "oracle"} {
 				for seed := uint64(31); seed < 36; seed++ {
 					sc := simFleet(n, 0.85, seed)
 					sc.expService = true
-					r := runSim(t, simConfig{scenario: sc, strategy: strategy, reporting: kind.reporting, qos1: kind.qos1, ackFlush: flush, wire: 300 * time.Microsecond, jitter: 200 * time.Microsecond})
+					r := runSim(t, simConfig{scenario: sc, strategy: strategy, reporting: kind.reporting, qos1: kind.qos1, ackFlush: flush, ackAfterRead: kind.afterRead, wire: 300 * time.Microsecond, jitter: 200 * time.Microsecond})
 					require.Equal(t, r.published, r.dequeued, "lost messages: %s", r)
 					require.Zero(t, r.duplicated)
 					means[strategy] += toMs(r.mean) / 5
 				}
 			}
 			name := fmt.Sprintf("fleet-%d exponential work, acks every %v", n, flush)
-			if !kind.qos1 {
+			switch {
+			case !kind.qos1:
 				name = fmt.Sprintf("fleet-%d exponential work, SDK reports", n)
+			case kind.afterRead:
+				name = fmt.Sprintf("fleet-%d exponential work, acks after the next read", n)
 			}
 			t.Logf("%s: adaptive %.2f ms, jsq %.2f, oracle %.2f (adaptive = %.1f× the oracle)", name, means["adaptive"], means["jsq"], means["oracle"], means["adaptive"]/means["oracle"])
 			switch {
@@ -929,8 +953,8 @@ func TestSimulationFleetVariableWork(t *testing.T) {
 				// its variability gives, and is ahead at 6 members, level at
 				// 20 (30.2 against 28.6 ms) and behind at 50 (37.4 against
 				// 22.6). Issue 23.
-			case flush == 0:
-				require.LessOrEqual(t, means["adaptive"], 1.25*means["jsq"], name)
+			case kind.afterRead && n >= 50:
+				require.LessOrEqual(t, means["adaptive"], 1.6*means["jsq"], name)
 			default:
 				require.Less(t, means["adaptive"], means["jsq"], name)
 			}
