@@ -354,17 +354,21 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 	// Unacknowledged QoS≥1 deliveries beyond what its workers hold are
 	// queued at it: a floor on its backlog whatever the model says. A
 	// member that acknowledges in bursts may have finished, since its last
-	// burst, as many as that time allows: they are not counted.
+	// burst, as many as that time allows: they are not counted, in the
+	// share its work's variability leaves (all when every message takes
+	// as long; none when the work is memoryless, since a running message
+	// is then no nearer its end for having run).
+	cv2 := m.serviceVariability()
 	queued := m.inflight - m.workers
 	if m.ackLag > 0 && m.acksAreFinishes && svc > 0 {
-		queued -= int((1 - m.serviceVariability()) * float64(now-m.lastCompletion) / float64(svc))
+		queued -= int((1 - cv2) * float64(now-m.lastCompletion) / float64(svc))
 	}
 	if queued > 0 {
 		if floor := now + time.Duration(queued)*svc; floor > start {
 			start = floor
 		}
 	}
-	if cv2 := m.serviceVariability(); cv2 > 0 && queued >= 0 && m.inflight >= m.workers && svc > 0 {
+	if cv2 > 0 && queued >= 0 && m.inflight >= m.workers && svc > 0 {
 		// Variable work: what is left of the running message is, on
 		// average, more than its service time less what it ran.
 		since := m.lastCompletion
