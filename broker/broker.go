@@ -377,9 +377,10 @@ func (b *Broker) Start() error {
 	b.live.start()
 	if b.cfg.MemoryTrimStep > 0 {
 		info := b.server.Info
+		heap := newHeapReader() // read by the trim loop only
 		b.trim = newMemTrimLoop(b.cfg.MemoryTrimStep, func() counts {
 			return counts{accepted: b.connections.Accepted.Load(), connected: atomic.LoadInt64(&info.ClientsConnected),
-				subscriptions: atomic.LoadInt64(&info.Subscriptions)}
+				subscriptions: atomic.LoadInt64(&info.Subscriptions), heap: heap.read()}
 		}, b.log)
 		b.trim.start()
 	}

@@ -122,6 +122,7 @@ func newLiveState(b *Broker) (*liveState, error) {
 		stopping: make(chan struct{}),
 		done:     make(chan struct{}),
 		sessions: new(sessionTimes),
+		dropping: []ClientDrops{},
 	}
 	if err := b.server.AddHook(l.sessions, nil); err != nil {
 		return nil, err
@@ -199,7 +200,16 @@ func (l *liveState) readCounters(now time.Time, groups []scoring.GroupSnapshot) 
 func (l *liveState) sample(now time.Time) {
 	groups := l.b.engine.Snapshot()
 	cur := l.readCounters(now, groups)
-	dropping := l.b.droppingClients(MaxDroppingClients)
+	// Listing the dropping clients walks a copy of Mochi's client map,
+	// an allocation the size of the fleet. Only this goroutine writes
+	// l.prev and l.dropping, so it may read them unlocked: rescan when
+	// a drop was counted since the last sample (every per-client count
+	// is also in cur.dropped), or while the last list named clients,
+	// which may since have gone.
+	dropping := l.dropping
+	if cur.dropped != l.prev.dropped || len(dropping) > 0 {
+		dropping = l.b.droppingClients(MaxDroppingClients)
+	}
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
