@@ -63,10 +63,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzSiteConfig$$' -fuzztime $(FUZZTIME) ./bridge/
 	$(GO) test -run '^$$' -fuzz '^FuzzSitesFile$$' -fuzztime $(FUZZTIME) ./bridge/controller/
 
-## bench: representative benchmarks (about 35-45 min on 2 cores) into bench/results/, then refresh docs/benchmarks.md
+## bench: representative benchmarks (about 50-60 min on 2 cores) into bench/results/, then refresh docs/benchmarks.md
 ##   and the README's headline: thesis-2 with every subscriber kind (3 runs each, medians), thesis-1, step, join, an
 ##   uneven fleet of 20 (fleet-20-rho85, against jsq and the live oracle; 3 runs), throughput (3 runs, medians),
-##   reliability and connections (10 000 idle connections, 3 runs, medians)
+##   reliability and connections (10 000 idle connections, idling 90 s after their commands, 3 runs, medians)
 BENCH_OUT     ?= bench/results
 BENCH_SYSTEMS ?= adaptive,adaptive-hold,thesis,jsq,power-of-two,round-robin,mosquitto,live-oracle,oracle
 BENCH_KINDS   ?= thesis-reporter,timer-reporter,paho-qos1-ackafter
@@ -80,7 +80,7 @@ bench:
 	$(BENCH_RUN) --merge --scenario fleet-20-rho85 --duration 10s --repeat 3 --subscriber paho-qos1-ackafter,thesis-reporter --systems adaptive,thesis,jsq,power-of-two,live-oracle,oracle
 	./$(BIN)/luffy-bench throughput --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --repeat 3 --messages 10000 --fanout-messages 5000 --timeout 30s
 	./$(BIN)/luffy-bench reliability --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --burst-pending-writes 65536
-	./$(BIN)/luffy-bench connections --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --connections 10000 --repeat 3
+	./$(BIN)/luffy-bench connections --luffymq $(BIN)/luffymq --out $(BENCH_OUT) --connections 10000 --repeat 3 --idle 90s
 	./scripts/update-bench-readme.sh $(BENCH_OUT)/summary.md
 
 ## soak: bounded soak test, not part of test (30 min by default): the real luffymq with 2 000

@@ -58,6 +58,11 @@ type ConnectionsConfig struct {
 	SettleMax    time.Duration `json:"settle_max_ns"`
 	// DeliveryTimeout bounds the wait for the commands.
 	DeliveryTimeout time.Duration `json:"delivery_timeout_ns"`
+	// Idle, when positive, keeps the devices connected this long after
+	// the commands, reading the RSS meanwhile: what an idle fleet costs at
+	// most while the broker's own periodic work and its garbage collector
+	// run (0: not measured).
+	Idle time.Duration `json:"idle_ns,omitempty"`
 	// LuffyMQArgs are extra luffymq flags (an A/B of its options).
 	LuffyMQArgs []string `json:"luffymq_args,omitempty"`
 	// LuffyMQ is the luffymq binary ("" builds ./cmd/luffymq).
@@ -92,8 +97,8 @@ func (c ConnectionsConfig) validate() error {
 	if c.Churn < 0 || c.Churn > 1_000_000 {
 		return fmt.Errorf("--churn %d: want 0 to 1000000", c.Churn)
 	}
-	if c.SettleWindow < time.Second || c.SettleMax < c.SettleWindow || c.DeliveryTimeout <= 0 {
-		return errors.New("--settle-window must be at least 1s, --settle-max at least the window and --delivery-timeout positive")
+	if c.SettleWindow < time.Second || c.SettleMax < c.SettleWindow || c.DeliveryTimeout <= 0 || c.Idle < 0 || c.Idle > time.Hour {
+		return errors.New("--settle-window must be at least 1s, --settle-max at least the window, --delivery-timeout positive and --idle from 0 to 1h")
 	}
 	if len(c.Systems) == 0 {
 		return errors.New("no system to run")
@@ -125,6 +130,22 @@ type ConnectionsRun struct {
 	RSSAfterBytes  int64 `json:"rss_after_bytes"`
 	// RSSPerConnBytes is the growth over Subscribed.
 	RSSPerConnBytes float64 `json:"rss_per_connection_bytes"`
+	// RSSCommandedBytes is the settled RSS once every device got its
+	// command (or the delivery timeout passed); RSSPerConnCommandedBytes
+	// its growth over Subscribed since RSSBeforeBytes.
+	RSSCommandedBytes        int64   `json:"rss_commanded_bytes"`
+	RSSPerConnCommandedBytes float64 `json:"rss_per_connection_commanded_bytes"`
+	// The Go runtime's gauges at the same three points, for the brokers
+	// written in Go (nil for Mosquitto).
+	GoBefore     *harness.GoMemory `json:"go_before,omitempty"`
+	GoSubscribed *harness.GoMemory `json:"go_subscribed,omitempty"`
+	GoCommanded  *harness.GoMemory `json:"go_commanded,omitempty"`
+	// With Config.Idle: the highest RSS while the devices idled that
+	// long after their commands (read every rssPoll), its growth per
+	// device, and the Go gauges at the end.
+	RSSIdledBytes        int64             `json:"rss_idled_bytes,omitempty"`
+	RSSPerConnIdledBytes float64           `json:"rss_per_connection_idled_bytes,omitempty"`
+	GoIdled              *harness.GoMemory `json:"go_idled,omitempty"`
 	// Delivered counts devices that got the command published to their
 	// topic (QoS 1) within the delivery timeout.
 	Delivered int     `json:"delivered"`
@@ -182,6 +203,21 @@ func raiseFDLimit(need uint64) (FDLimit, error) {
 // connectionsBroker is a broker process of one run.
 type connectionsBroker struct {
 	*harness.Process
+	// metricsURL serves the Go runtime's gauges ("" for Mosquitto).
+	metricsURL string
+}
+
+// goMemory reads the broker's Go runtime gauges, or returns nil for a
+// broker that has none.
+func (b connectionsBroker) goMemory(ctx context.Context) (*harness.GoMemory, error) {
+	if b.metricsURL == "" {
+		return nil, nil
+	}
+	m, err := harness.ReadGoMemory(ctx, b.metricsURL)
+	if err != nil {
+		return nil, err
+	}
+	return &m, nil
 }
 
 func (b connectionsBroker) rss() (int64, error) {
@@ -224,16 +260,30 @@ func (b connectionsBroker) settledRSS(ctx context.Context, window, limit time.Du
 
 // startConnectionsBroker starts system's broker on a free loopback port.
 func startConnectionsBroker(ctx context.Context, starter harness.BrokerStarter, cfg ConnectionsConfig, system, logName string) (connectionsBroker, error) {
+	// The Go brokers serve their runtime's gauges on a second port: the
+	// stacks of the goroutines per connection are the part of the RSS
+	// that no broker option changes.
+	metricsAddr, err := harness.FreeAddr()
+	if err != nil {
+		return connectionsBroker{}, err
+	}
+	logPath := filepath.Join(starter.LogDir, logName+".broker.log")
 	var (
-		br  harness.RunningBroker
-		err error
+		br         harness.RunningBroker
+		metricsURL = "http://" + metricsAddr + "/metrics"
 	)
-	if strings.HasPrefix(system, "luffymq-") {
-		br, err = harness.StartProcess(ctx, starter.LuffyMQ, filepath.Join(starter.LogDir, logName+".broker.log"), func(addr string) ([]string, error) {
-			args := append([]string{"--listen", addr, "--http", "", "--log-level", "warn"}, harness.LuffyMQSelectionArgs(system)...)
+	switch {
+	case strings.HasPrefix(system, "luffymq-"):
+		br, err = harness.StartProcess(ctx, starter.LuffyMQ, logPath, func(addr string) ([]string, error) {
+			args := append([]string{"--listen", addr, "--http", metricsAddr, "--log-level", "warn"}, harness.LuffyMQSelectionArgs(system)...)
 			return append(args, cfg.LuffyMQArgs...), nil
 		})
-	} else {
+	case system == harness.SystemMochi:
+		br, err = harness.StartProcess(ctx, starter.Self, logPath, func(addr string) ([]string, error) {
+			return []string{harness.MochiServerCommand, "--listen", addr, "--metrics", metricsAddr}, nil
+		})
+	default:
+		metricsURL = ""
 		br, err = starter.Start(ctx, system, time.Second, logName)
 	}
 	if err != nil {
@@ -244,7 +294,7 @@ func startConnectionsBroker(ctx context.Context, starter harness.BrokerStarter, 
 		_ = br.Close()
 		return connectionsBroker{}, fmt.Errorf("%s does not run as a process of its own", system)
 	}
-	return connectionsBroker{p}, nil
+	return connectionsBroker{Process: p, metricsURL: metricsURL}, nil
 }
 
 // onFreshBroker starts system's broker, runs fn against it and stops it;
@@ -368,6 +418,9 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 	if run.RSSBeforeBytes, err = br.settledRSS(ctx, cfg.SettleWindow, cfg.SettleMax); err != nil {
 		return err
 	}
+	if run.GoBefore, err = br.goMemory(ctx); err != nil {
+		return err
+	}
 
 	devs := make([]device, n)
 	defer func() {
@@ -401,6 +454,9 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 		return err
 	}
 	run.RSSPerConnBytes = float64(run.RSSAfterBytes-run.RSSBeforeBytes) / float64(run.Subscribed)
+	if run.GoSubscribed, err = br.goMemory(ctx); err != nil {
+		return err
+	}
 
 	// One command to each device, QoS 1; every device reads one PUBLISH.
 	var delivered atomic.Int64
@@ -443,7 +499,37 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 	if pubErr != nil {
 		return fmt.Errorf("publishing the commands: %w", pubErr)
 	}
-	return nil
+	// A device that got a command costs what an idle one does plus what
+	// the delivery left behind (a write loop's grown stack, buffers kept,
+	// garbage not yet collected): the measure issue 21 was filed with.
+	if run.RSSCommandedBytes, err = br.settledRSS(ctx, cfg.SettleWindow, cfg.SettleMax); err != nil {
+		return err
+	}
+	run.RSSPerConnCommandedBytes = float64(run.RSSCommandedBytes-run.RSSBeforeBytes) / float64(run.Subscribed)
+	if run.GoCommanded, err = br.goMemory(ctx); err != nil || cfg.Idle <= 0 {
+		return err
+	}
+	// Whether a garbage collection ran just before a single reading
+	// moves it by a third: the peak over the idle time is what the
+	// machine must have.
+	end := time.Now().Add(cfg.Idle)
+	tick := time.NewTicker(rssPoll)
+	defer tick.Stop()
+	for time.Now().Before(end) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		v, err := br.rss()
+		if err != nil {
+			return err
+		}
+		run.RSSIdledBytes = max(run.RSSIdledBytes, v)
+	}
+	run.RSSPerConnIdledBytes = float64(run.RSSIdledBytes-run.RSSBeforeBytes) / float64(run.Subscribed)
+	run.GoIdled, err = br.goMemory(ctx)
+	return err
 }
 
 // runChurn runs cfg.Churn short sessions one after another against br.
@@ -510,8 +596,9 @@ func RunConnections(ctx context.Context, cfg ConnectionsConfig) error {
 			run.Error = onFreshBroker(ctx, starter, cfg, sys, fmt.Sprintf("connections-%s-%d", sys, rep), func(br connectionsBroker) error {
 				return runConnections(ctx, cfg, br, &run)
 			})
-			fmt.Fprintf(cfg.Progress, "      connect %.0f/s · RSS %s -> %s = %.1f KiB per connection · delivered %d/%d %s\n",
-				run.ConnectPerS, harness.FmtBytes(run.RSSBeforeBytes), harness.FmtBytes(run.RSSAfterBytes), run.RSSPerConnBytes/1024, run.Delivered, cfg.Connections, run.Error)
+			fmt.Fprintf(cfg.Progress, "      connect %.0f/s · RSS %s -> %s = %.1f KiB per connection, %.1f KiB after a command each, at most %.1f KiB while idling %s · delivered %d/%d %s\n",
+				run.ConnectPerS, harness.FmtBytes(run.RSSBeforeBytes), harness.FmtBytes(run.RSSAfterBytes), run.RSSPerConnBytes/1024, run.RSSPerConnCommandedBytes/1024,
+				run.RSSPerConnIdledBytes/1024, cfg.Idle, run.Delivered, cfg.Connections, run.Error)
 			res.Runs = append(res.Runs, run)
 			if cfg.Churn > 0 {
 				ch := ChurnRun{System: sys, Repeat: rep, Sessions: cfg.Churn}
@@ -559,6 +646,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, wr
 	window := fs.Duration("settle-window", d.SettleWindow, "the broker's RSS is read once it moved less than 0.5 % over this long")
 	settle := fs.Duration("settle-max", d.SettleMax, "longest wait for the broker's RSS to settle before it is read")
 	delivery := fs.Duration("delivery-timeout", d.DeliveryTimeout, "longest wait for the commands to arrive")
+	idle := fs.Duration("idle", d.Idle, "keep the devices connected this long after their commands and report the highest RSS meanwhile (0: not measured)")
 	var extra harness.StringList
 	fs.Var(&extra, "luffymq-arg", "extra luffymq flag (repeatable, comma-separated), e.g. --luffymq-arg=--max-pending-writes=8192")
 	if err := fs.Parse(args); err != nil {
@@ -570,6 +658,6 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, wr
 	cfg := d
 	cfg.Out, cfg.Connections, cfg.Repeat, cfg.Systems, cfg.LuffyMQ = *out, *n, *repeat, harness.SplitList(*systems), *luffymq
 	cfg.Dialers, cfg.Churn, cfg.SettleWindow, cfg.SettleMax, cfg.DeliveryTimeout, cfg.LuffyMQArgs = *dialers, *churn, *window, *settle, *delivery, extra
-	cfg.Progress, cfg.WriteSummary = stdout, writeSummary
+	cfg.Idle, cfg.Progress, cfg.WriteSummary = *idle, stdout, writeSummary
 	return RunConnections(ctx, cfg)
 }

@@ -11,13 +11,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/luffymq/luffymq/bench/connections"
+	"github.com/luffymq/luffymq/bench/internal/harness"
 	"github.com/luffymq/luffymq/bench/shared"
 	"github.com/luffymq/luffymq/internal/testenv"
 )
 
-// TestConnectionsSmoke runs `luffy-bench connections` with 200 devices and
-// 200 churn sessions against luffymq, vanilla Mochi and Mosquitto, and
-// checks that every device got its command and every number was measured.
+// TestConnectionsSmoke runs `luffy-bench connections` with 200 devices,
+// 2 s of idling and 200 churn sessions against luffymq, vanilla Mochi and
+// Mosquitto, and checks that every device got its command and every
+// number was measured (the Go runtime's gauges for the Go brokers only).
 func TestConnectionsSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts brokers; skipped with -short")
@@ -29,6 +31,7 @@ func TestConnectionsSmoke(t *testing.T) {
 	defer cancel()
 	cfg := connections.DefaultConnectionsConfig()
 	cfg.Out, cfg.Connections, cfg.Repeat, cfg.Churn, cfg.SettleWindow, cfg.SettleMax = out, 200, 1, 200, time.Second, 3*time.Second
+	cfg.Idle = 2 * time.Second
 	cfg.WriteSummary = shared.WriteSummary
 	require.NoError(t, connections.RunConnections(ctx, cfg))
 
@@ -46,6 +49,20 @@ func TestConnectionsSmoke(t *testing.T) {
 		require.Positive(t, r.ConnectPerS, r.System)
 		require.Positive(t, r.RSSBeforeBytes, r.System)
 		require.Positive(t, r.RSSAfterBytes, r.System)
+		require.Positive(t, r.RSSCommandedBytes, r.System)
+		require.Positive(t, r.RSSIdledBytes, r.System)
+		if r.System == harness.SystemMosquitto {
+			require.Nil(t, r.GoBefore, "Mosquitto has no Go runtime")
+			continue
+		}
+		for _, m := range []*harness.GoMemory{r.GoBefore, r.GoSubscribed, r.GoCommanded, r.GoIdled} {
+			require.NotNil(t, m, r.System)
+			require.Positive(t, m.HeapInuseBytes, r.System)
+		}
+		// Mochi runs two goroutines per client, each with a stack (a few
+		// of the broker's own come and go).
+		require.InDelta(t, 2*200, r.GoSubscribed.Goroutines-r.GoBefore.Goroutines, 10, r.System)
+		require.Greater(t, r.GoCommanded.StackBytes, r.GoBefore.StackBytes+200*8<<10, r.System)
 	}
 	require.Len(t, res.Churn, len(connections.ConnectionsSystems))
 	for _, c := range res.Churn {
