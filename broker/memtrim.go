@@ -106,7 +106,7 @@ type trimAction int
 const (
 	trimNone    trimAction = iota
 	trimReturn             // collect and return free memory to the OS (a connection storm settled)
-	trimCollect            // collect (garbage piled up while the broker idles)
+	trimCollect            // collect and return free memory to the OS (garbage piled up while the broker idles)
 )
 
 // due records the counts seen at now and says what the broker should do:

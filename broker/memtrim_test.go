@@ -2,6 +2,7 @@ package broker
 
 import (
 	"net"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -86,6 +87,23 @@ func TestMemTrimmerCollectsTheGarbageOfAnIdleBroker(t *testing.T) {
 	}
 	ms += 250
 	require.Equal(t, trimCollect, look(ms, 0, 40*MiB, 4*MiB, 1*MiB), "bursts of a light rate leave the broker idle")
+}
+
+// TestHeapReaderReadsTheRuntimeMetrics checks that every metric the idle
+// rule needs exists in this Go (a missing one would read 0 and turn the
+// rule off) and that the allocation count follows an allocation.
+func TestHeapReaderReadsTheRuntimeMetrics(t *testing.T) {
+	r := newHeapReader()
+	before := r.read()
+	require.Positive(t, before.allocated)
+	require.Positive(t, before.objects)
+	require.Positive(t, before.stacks)
+	runtime.GC() // the live heap is known after a collection
+	buf := make([]byte, 4<<20)
+	after := r.read()
+	require.Positive(t, after.live)
+	require.GreaterOrEqual(t, after.allocated-before.allocated, uint64(len(buf)))
+	runtime.KeepAlive(buf)
 }
 
 // TestBrokerTrimsAfterAConnectionStorm connects more clients than the
