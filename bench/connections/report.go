@@ -315,9 +315,9 @@ func plotConnections(path string, res *ConnectionsResults) error {
 			values[j] = append(values[j], a.RSSPerConnIdledKiB)
 		}
 	}
-	groups := []string{"RSS, subscribed", "RSS, after a command each", "Go stacks, after a command"}
+	groups := []string{"RSS, subscribed", "after a command", "its Go stacks"}
 	if res.Config.Idle > 0 {
-		groups = append(groups, "RSS, peak while idling "+res.Config.Idle.String())
+		groups = append(groups, "peak, idling "+res.Config.Idle.String())
 	}
 	p := harness.NewPlot(fmt.Sprintf("Memory per idle connection at %d connections (median of %d)", res.Config.Connections, res.Config.Repeat),
 		"", "KiB per connection")
@@ -325,5 +325,5 @@ func plotConnections(path string, res *ConnectionsResults) error {
 		return err
 	}
 	p.Y.Max = math.Max(p.Y.Max*1.3, 1)
-	return p.Save(7*vg.Inch, 4*vg.Inch, path)
+	return p.Save(9*vg.Inch, 4*vg.Inch, path)
 }
