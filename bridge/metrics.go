@@ -55,34 +55,35 @@ func newStats(b *Bridge) *stats {
 		wq:      map[string]*wqCounters{},
 		imports: map[string]*[numImportResults]uint64{},
 		descs: map[string]*prometheus.Desc{
-			"exported":    d("messages_exported_total", "MQTT messages published to a pub/sub exchange and confirmed by RabbitMQ.", "exchange"),
-			"imported":    d("messages_imported_total", "Messages taken from the import queue, by exchange and outcome (delivered, local_origin, duplicate, unmappable, failed).", "exchange", "outcome"),
-			"connected":   d("link_up", "1 when the bridge has a working connection to its RabbitMQ node, else 0."),
-			"reconnects":  d("connection_failures_total", "RabbitMQ connection attempts that failed or sessions that were lost."),
-			"outbox":      d("outbox_messages", "Messages waiting to be published or confirmed."),
-			"dropped":     d("messages_dropped_total", "Messages dropped before reaching RabbitMQ (outbox full or refused 5 times).", "reason"),
-			"bindings":    d("bindings", "Bindings of the import queue (one per exchange and local subscription overlapping an export)."),
-			"wq_received": d("wq_messages_received_total", "Messages taken from a work queue, by source: local (wq.<g>), own_overflow (intake, published here), other_site (intake, published at another site).", "queue", "source"),
-			"wq_settled":  d("wq_messages_settled_total", "Work-queue messages settled with RabbitMQ, by outcome: completed (acknowledged after the member's PUBACK), requeued, duplicate, unmappable.", "queue", "outcome"),
-			"wq_overflow": d("wq_overflow_received_total", "Messages that overflowed (TTL or max length) out of the work queue of origin site and were received here; origin equal to site means they came back.", "queue", "origin"),
-			"wq_routed":   d("wq_routed_total", "Local publishes sent straight to another site's intake, because its members would start them sooner than the local ones, one-way delay included (--wq-route nearest).", "queue", "to"),
-			"wq_reclaim":  d("wq_reclaimed_total", "Messages sent to another site that were taken back from this node's federation link queues towards it once its state had stopped arriving: routed ones into the local work queue, the hash ring's into the local intake (--wq-route nearest).", "queue", "from"),
-			"wq_at_pub":   d("wq_overflow_at_publish_total", "Local publishes sent to the work queue's dead-letter exchange at once, because the local members would not have started them within the queue's TTL (off with --wq-ttl-overflow-only).", "queue"),
-			"wq_ttl":      d("wq_ttl_seconds", "Current message TTL of the work queue's policy (eq. 2.12).", "queue"),
-			"wq_maxlen":   d("wq_max_length", "Current max length of the work queue's policy (eq. 2.12).", "queue"),
-			"wq_weight":   d("wq_weight", "Current consistent-hash weight of this site's intake (eq. 2.13).", "queue"),
-			"wq_depth":    d("wq_messages_in_queue", "Messages ready or unacknowledged in the work queue and intake (eq. 2.14).", "queue"),
-			"agent":       d("agent_actions_total", "Site agent actions: configuration messages applied, queue events handled.", "kind"),
-			"agent_fail":  d("agent_failures_total", "Errors that stopped a site agent until the next connection (events: the event agent).", "agent"),
-			"fed_links":   d("federation_links_changed_total", "Federation links the configuration agent added or removed (new links run before old ones go).", "change"),
-			"fed_moves":   d("federation_moves_total", "Configuration messages that removed federation links (a synchronisation site moved)."),
-			"cons_req":    d("conservation_requests_total", "Conservation requests about removed links: sent to their upstream (confirmed), answered in time, handled at this node.", "state"),
-			"cons_pend":   d("conservation_requests_pending", "Conservation requests waiting for the upstream of a removed link to be reachable."),
-			"held":        d("held_messages_total", "Messages a removed federation link left in its queue on this node: conserved (re-published into their exchange) or discarded (--federation-discard-held).", "outcome"),
-			"held_queues": d("held_queues_removed_total", "Queues of removed federation links emptied and deleted on this node."),
-			"links_wait":  d("federation_old_links_waiting", "Old federation links a configuration removes that are still in place: during an attempt, or after one that kept them (new links not running yet, or old ones still running whose upstreams have not taken what they hold: no luffymq agent there, or it cannot close the link's connection); the configuration is retried until they go."),
-			"cfg_fail":    d("config_apply_failures_total", "Attempts to apply a configuration message that failed; it is retried every second for its first 10 attempts, then with pauses doubling up to 30 s, until it applies or a newer one replaces it."),
-			"cfg_retry":   d("config_retrying", "1 while the configuration agent holds a configuration message that failed and waits to retry it, else 0."),
+			"exported":               d("messages_exported_total", "MQTT messages published to a pub/sub exchange and confirmed by RabbitMQ.", "exchange"),
+			"imported":               d("messages_imported_total", "Messages taken from the import queue, by exchange and outcome (delivered, local_origin, duplicate, unmappable, failed).", "exchange", "outcome"),
+			"connected":              d("link_up", "1 when the bridge has a working connection to its RabbitMQ node, else 0."),
+			"reconnects":             d("connection_failures_total", "RabbitMQ connection attempts that failed or sessions that were lost."),
+			"outbox":                 d("outbox_messages", "Messages waiting to be published or confirmed."),
+			"dropped":                d("messages_dropped_total", "Messages dropped before reaching RabbitMQ (outbox full or refused 5 times).", "reason"),
+			"bindings":               d("bindings", "Bindings of the import queue (one per exchange and local subscription overlapping an export)."),
+			"wq_received":            d("wq_messages_received_total", "Messages taken from a work queue, by source: local (wq.<g>), own_overflow (intake, published here), other_site (intake, published at another site).", "queue", "source"),
+			"wq_settled":             d("wq_messages_settled_total", "Work-queue messages settled with RabbitMQ, by outcome: completed (acknowledged after the member's PUBACK), requeued, duplicate, unmappable.", "queue", "outcome"),
+			"wq_overflow":            d("wq_overflow_received_total", "Messages that overflowed (TTL or max length) out of the work queue of origin site and were received here; origin equal to site means they came back.", "queue", "origin"),
+			"wq_routed":              d("wq_routed_total", "Local publishes sent straight to another site's intake, because its members would start them sooner than the local ones, one-way delay included (--wq-route nearest).", "queue", "to"),
+			"wq_reclaim_redelivered": d("wq_reclaimed_redelivered_total", "The part of wq_reclaimed_total that the site's federation link had taken and given back unacknowledged (its node died or its connection closed), taken back once the site was silent for 15 state intervals: the site may have kept a copy and process it too when it comes back (at-least-once).", "queue", "from"),
+			"wq_reclaim":             d("wq_reclaimed_total", "Messages sent to another site that were taken back from this node's federation link queues towards it once its state had stopped arriving: routed ones into the local work queue, the hash ring's into the local intake (--wq-route nearest).", "queue", "from"),
+			"wq_at_pub":              d("wq_overflow_at_publish_total", "Local publishes sent to the work queue's dead-letter exchange at once, because the local members would not have started them within the queue's TTL (off with --wq-ttl-overflow-only).", "queue"),
+			"wq_ttl":                 d("wq_ttl_seconds", "Current message TTL of the work queue's policy (eq. 2.12).", "queue"),
+			"wq_maxlen":              d("wq_max_length", "Current max length of the work queue's policy (eq. 2.12).", "queue"),
+			"wq_weight":              d("wq_weight", "Current consistent-hash weight of this site's intake (eq. 2.13).", "queue"),
+			"wq_depth":               d("wq_messages_in_queue", "Messages ready or unacknowledged in the work queue and intake (eq. 2.14).", "queue"),
+			"agent":                  d("agent_actions_total", "Site agent actions: configuration messages applied, queue events handled.", "kind"),
+			"agent_fail":             d("agent_failures_total", "Errors that stopped a site agent until the next connection (events: the event agent).", "agent"),
+			"fed_links":              d("federation_links_changed_total", "Federation links the configuration agent added or removed (new links run before old ones go).", "change"),
+			"fed_moves":              d("federation_moves_total", "Configuration messages that removed federation links (a synchronisation site moved)."),
+			"cons_req":               d("conservation_requests_total", "Conservation requests about removed links: sent to their upstream (confirmed), answered in time, handled at this node.", "state"),
+			"cons_pend":              d("conservation_requests_pending", "Conservation requests waiting for the upstream of a removed link to be reachable."),
+			"held":                   d("held_messages_total", "Messages a removed federation link left in its queue on this node: conserved (re-published into their exchange) or discarded (--federation-discard-held).", "outcome"),
+			"held_queues":            d("held_queues_removed_total", "Queues of removed federation links emptied and deleted on this node."),
+			"links_wait":             d("federation_old_links_waiting", "Old federation links a configuration removes that are still in place: during an attempt, or after one that kept them (new links not running yet, or old ones still running whose upstreams have not taken what they hold: no luffymq agent there, or it cannot close the link's connection); the configuration is retried until they go."),
+			"cfg_fail":               d("config_apply_failures_total", "Attempts to apply a configuration message that failed; it is retried every second for its first 10 attempts, then with pauses doubling up to 30 s, until it applies or a newer one replaces it."),
+			"cfg_retry":              d("config_retrying", "1 while the configuration agent holds a configuration message that failed and waits to retry it, else 0."),
 		},
 	}
 }
@@ -134,6 +135,9 @@ type wqCounters struct {
 	// reclaimed counts, by the site they were routed to, the messages
 	// taken back from this node's link queues towards a silent site.
 	reclaimed map[string]uint64
+	// reclaimedRedelivered is the part of reclaimed that the site's link
+	// had taken and given back unacknowledged: the site may have it too.
+	reclaimedRedelivered map[string]uint64
 	// siblingsReclaimed splits the part of reclaimed that another broker
 	// of this site had booked, by that broker and by site (State.Unbooked).
 	siblingsReclaimed map[string]map[string]uint64
@@ -147,7 +151,7 @@ func (s *stats) wqGroup(g string) *wqCounters {
 	c := s.wq[g]
 	if c == nil {
 		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}, routedFrom: map[string]uint64{},
-			reclaimed: map[string]uint64{}, statesTo: map[string]uint64{}}
+			reclaimed: map[string]uint64{}, reclaimedRedelivered: map[string]uint64{}, statesTo: map[string]uint64{}}
 		s.wq[g] = c
 	}
 	return c
@@ -186,12 +190,17 @@ func (s *stats) wqRoutedTo(g, site string) {
 }
 
 // wqReclaimed counts a message routed to site that was taken back;
-// sibling names the other broker of this site that booked it, if any.
-func (s *stats) wqReclaimed(g, site, sibling string) {
+// redelivered says the site's link had taken it and given it back
+// unacknowledged; sibling names the other broker of this site that
+// booked it, if any.
+func (s *stats) wqReclaimed(g, site string, redelivered bool, sibling string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.wqGroup(g)
 	c.reclaimed[site]++
+	if redelivered {
+		c.reclaimedRedelivered[site]++
+	}
 	if sibling == "" {
 		return
 	}
@@ -265,6 +274,13 @@ type WorkQueueStats struct {
 	// queues once its state had stopped arriving: routed ones into the
 	// local work queue, the ring's into the local intake.
 	Reclaimed map[string]uint64
+	// ReclaimedRedelivered is the part of Reclaimed that the site's
+	// federation link had taken and given back unacknowledged (its
+	// connection closed, the site's node died): taken back only once the
+	// site was silent for reclaimRedeliveredIntervals, and the only
+	// messages that may be processed twice, here and at the site when it
+	// comes back with a copy it kept (at-least-once).
+	ReclaimedRedelivered map[string]uint64
 	// StatesFresh counts the other sites whose group state is fresh and
 	// predictable: those --wq-route nearest may send publishes to.
 	StatesFresh int
@@ -310,7 +326,7 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 			w.FromSite[o] = n
 		}
 		w.RoutedTo = maps.Clone(c.routedTo)
-		w.Reclaimed = maps.Clone(c.reclaimed)
+		w.Reclaimed, w.ReclaimedRedelivered = maps.Clone(c.reclaimed), maps.Clone(c.reclaimedRedelivered)
 		w.StatesTo, w.WantsSent = maps.Clone(c.statesTo), c.wants
 		out[g] = w
 	}
@@ -411,6 +427,9 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 		}
 		for site, n := range w.Reclaimed {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_reclaim"], prometheus.CounterValue, float64(n), q, site)
+		}
+		for site, n := range w.ReclaimedRedelivered {
+			ch <- prometheus.MustNewConstMetric(s.descs["wq_reclaim_redelivered"], prometheus.CounterValue, float64(n), q, site)
 		}
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_ttl"], prometheus.GaugeValue, w.TTL.Seconds(), q)
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_maxlen"], prometheus.GaugeValue, float64(w.MaxLength), q)

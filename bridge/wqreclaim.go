@@ -276,13 +276,13 @@ func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *wor
 		// one of the site once it reads the count in this one's state.
 		switch by, _ := d.Headers[headerBookedBy].(string); by {
 		case "":
-			b.stats.wqReclaimed(g.name, site, "")
+			b.stats.wqReclaimed(g.name, site, d.Redelivered, "")
 		case b.cfg.BrokerID:
 			g.router.Unbook(site)
 			c.unbooked++
-			b.stats.wqReclaimed(g.name, site, "")
+			b.stats.wqReclaimed(g.name, site, d.Redelivered, "")
 		default:
-			b.stats.wqReclaimed(g.name, site, by)
+			b.stats.wqReclaimed(g.name, site, d.Redelivered, by)
 		}
 	}
 	return nil

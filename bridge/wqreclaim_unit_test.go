@@ -13,11 +13,12 @@ import (
 // (State.Unbooked); a change of that count publishes a state at once.
 func TestReclaimCounts(t *testing.T) {
 	s := newStats(&Bridge{cfg: Config{Site: "tunis"}})
-	s.wqReclaimed("jobs", "berlin", "")
-	s.wqReclaimed("jobs", "berlin", "tunis-2")
-	s.wqReclaimed("jobs", "berlin", "tunis-2")
-	s.wqReclaimed("jobs", "montreal", "tunis-3")
+	s.wqReclaimed("jobs", "berlin", false, "")
+	s.wqReclaimed("jobs", "berlin", true, "tunis-2")
+	s.wqReclaimed("jobs", "berlin", false, "tunis-2")
+	s.wqReclaimed("jobs", "montreal", false, "tunis-3")
 	require.Equal(t, map[string]uint64{"berlin": 3, "montreal": 1}, s.wq["jobs"].reclaimed)
+	require.Equal(t, map[string]uint64{"berlin": 1}, s.wq["jobs"].reclaimedRedelivered, "the one its link had given back")
 	got := s.wqSiblingsReclaimed("jobs")
 	require.Equal(t, map[string]map[string]uint64{"tunis-2": {"berlin": 2}, "tunis-3": {"montreal": 1}}, got)
 	got["tunis-2"]["berlin"] = 99 // a copy
@@ -26,7 +27,7 @@ func TestReclaimCounts(t *testing.T) {
 
 	st := wqroute.State{Unbooked: s.wqSiblingsReclaimed("jobs")}
 	before := changeOf(st, 0)
-	s.wqReclaimed("jobs", "berlin", "tunis-2")
+	s.wqReclaimed("jobs", "berlin", false, "tunis-2")
 	st.Unbooked = s.wqSiblingsReclaimed("jobs")
 	require.NotEqual(t, before, changeOf(st, 0))
 	require.Equal(t, uint64(4), changeOf(st, 0).unbooked)

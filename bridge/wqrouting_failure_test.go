@@ -263,7 +263,13 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 			distinct, bySite, dups, r.tunis.RoutedTo["berlin"], reclaimed, startedAfter(r, "berlin", restartedAt), again, againNotBerlin, late, atBerlin)
 		require.LessOrEqual(t, missing, inIntake, "%d of tunis's messages were not processed within %v of the end of publishing while berlin was dead, %d were in its intake", missing, bound, inIntake)
 		require.Positive(t, reclaimed, "nothing was taken back from the link queue towards berlin")
-		require.Zero(t, againNotBerlin, "berlin's restart processed again a message that was processed elsewhere")
+		// A message berlin's link had taken and gave back when the node
+		// died is taken back only after reclaimRedeliveredIntervals, and
+		// berlin may have kept it (at-least-once): waiting for every
+		// message to be processed passes that time, so berlin's restart
+		// may process those again. No other message may be.
+		redelivered := r.tunis.ReclaimedRedelivered["berlin"]
+		require.LessOrEqual(t, againNotBerlin, int(redelivered), "berlin's restart processed again %d messages processed elsewhere; %d were taken back after its link had given them back", againNotBerlin, redelivered)
 		require.LessOrEqual(t, again, inIntake, "berlin's restart processed again more messages than its node kept (%d)", inIntake)
 		require.Positive(t, late)
 		require.Less(t, 10*atBerlin, late, "%d of the %d messages published after berlin died went to berlin", atBerlin, late)
