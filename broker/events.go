@@ -122,7 +122,6 @@ func newLiveState(b *Broker) (*liveState, error) {
 		stopping: make(chan struct{}),
 		done:     make(chan struct{}),
 		sessions: new(sessionTimes),
-		dropping: []ClientDrops{},
 	}
 	if err := b.server.AddHook(l.sessions, nil); err != nil {
 		return nil, err
