@@ -77,11 +77,18 @@ func TestReliabilitySmoke(t *testing.T) {
 		if r.Mode == StuckFanout {
 			require.Equal(t, r.Messages, r.HealthyDelivered, "fan-out: everything while the stuck client is connected")
 		} else {
-			// Until the healthy member's first acknowledgement arrives,
-			// neither member has proven it finishes work, so the
-			// publisher's first window plus the newcomer cap may be split
-			// between them; after that the stuck member gets nothing more.
-			few := cfg.Stuck.InFlight + scoring.DefaultNewcomerCap
+			// Until the healthy member's first acknowledgement reaches the
+			// broker, neither member has proven it finishes work, so what
+			// the broker routes meanwhile is split between them (each past
+			// the newcomer cap, nothing tells them apart); after that the
+			// stuck member gets nothing more. How many are routed depends
+			// on that round trip, not on the broker's choice: 3 to 10
+			// messages reached the stuck member on an idle machine, 19 in
+			// CI under the race detector with other packages' tests
+			// running. Two publisher windows plus the cap leave room for a
+			// slow round trip and still fail a broker that keeps feeding
+			// the stuck member (round robin gives it half of the messages).
+			few := 2*cfg.Stuck.InFlight + scoring.DefaultNewcomerCap
 			require.GreaterOrEqual(t, r.HealthyDelivered, r.Messages-few, "shared: the stuck member holds only a few messages")
 		}
 	}
