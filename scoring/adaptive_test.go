@@ -841,3 +841,53 @@ func TestEngineKeepsNothingForOtherClients(t *testing.T) {
 	require.Zero(t, members)
 	require.Zero(t, groups)
 }
+
+// TestAdaptiveSampledGroupFindsTheMemberThatJustFreedUp: in a group too
+// large to compare in full, a member whose acknowledgement has just left it
+// idle while every other member is busy gets the next message, though a
+// draw of 16 in 100 would miss it five times in six.
+func TestAdaptiveSampledGroupFindsTheMemberThatJustFreedUp(t *testing.T) {
+	ids := make([]string, 100)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("m%03d", i)
+	}
+	f := newFixture(t, adaptive, ids...)
+	// Every member learns its service time from acknowledgements.
+	for _, id := range ids {
+		for range 3 {
+			f.e.InFlightStarted(id)
+			f.advance(ms(10))
+			f.e.InFlightAcknowledged(id)
+		}
+	}
+	inflight := map[string]int{}
+	for range 400 {
+		f.advance(ms(1) / 10)
+		id := f.sel()
+		f.e.InFlightStarted(id)
+		inflight[id]++
+	}
+	freed := 0
+	for k := range ids {
+		// Not in join order, which the sample's round-robin pointer
+		// follows.
+		id := ids[(k*37+11)%len(ids)]
+		if freed == 10 || inflight[id] == 0 {
+			continue
+		}
+		for range inflight[id] {
+			f.e.InFlightAcknowledged(id)
+		}
+		inflight[id] = 0
+		for _, m := range f.group().Members {
+			if m.ClientID != id {
+				require.Positive(t, m.PredictedWait, "%s must be busy for the check to mean anything", m.ClientID)
+			}
+		}
+		require.Equal(t, id, f.sel(), "the member that just freed up")
+		f.e.InFlightStarted(id)
+		inflight[id]++
+		freed++
+	}
+	require.Equal(t, 10, freed)
+}

@@ -54,6 +54,36 @@ func BenchmarkSelectMember(b *testing.B) {
 	}
 }
 
+// BenchmarkSelectMemberQoS1 is one QoS 1 delivery's whole bookkeeping in
+// the adaptive strategy: the selection, the delivery started, and the
+// acknowledgement of the delivery made size/2 selections before (members
+// that acknowledge after processing, which note the group when they free
+// up).
+func BenchmarkSelectMemberQoS1(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run(fmt.Sprintf("adaptive/%d", size), func(b *testing.B) {
+			e, clock, msgs := benchEngine(b, "adaptive", size)
+			outstanding := make([]string, max(size/2, 1))
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				clock.Advance(10 * time.Microsecond)
+				id, ok := e.SelectMember(testGroup, msgs[i%len(msgs)])
+				if !ok {
+					b.Fatal("no member selected")
+				}
+				e.InFlightStarted(id)
+				slot := i % len(outstanding)
+				if old := outstanding[slot]; old != "" {
+					e.InFlightAcknowledged(old)
+				}
+				outstanding[slot] = id
+				i++
+			}
+		})
+	}
+}
+
 // TestSelectMemberDoesNotAllocate measures every selection on its own:
 // testing.AllocsPerRun divides by the number of runs with integer division,
 // so an allocation on one selection in many would hide in an average.
@@ -87,6 +117,9 @@ func TestSelectMemberDoesNotAllocate(t *testing.T) {
 					if i%10 == 0 { // keep the load state moving, newcomers included
 						e.Report(ids[(i*7)%size], scoring.Load{Pending: i % 3, ProcessingTime: time.Duration(i%2) * time.Millisecond})
 						e.InFlightStarted(ids[i%size])
+					}
+					if i%10 == 5 && i > 10 { // acknowledgements note freed members
+						e.InFlightAcknowledged(ids[(i-15)%size])
 					}
 				})
 			})

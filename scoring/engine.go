@@ -253,6 +253,7 @@ func (e *Engine) Report(clientID string, l Load) bool {
 	l = l.bounded()
 	return e.withMember(clientID, true, func(m *member, now, prior time.Duration) bool {
 		m.applyReport(now, l, prior)
+		m.noteIfFree()
 		return true // its estimate or freshness may have changed
 	})
 }
@@ -299,7 +300,11 @@ func (e *Engine) InFlightStarted(clientID string) {
 // needed, and re-anchors its predicted backlog to what is still
 // unacknowledged.
 func (e *Engine) InFlightAcknowledged(clientID string) {
-	e.withMember(clientID, true, func(m *member, now, prior time.Duration) bool { return m.deliveryAcknowledged(now, prior) })
+	e.withMember(clientID, true, func(m *member, now, prior time.Duration) bool {
+		learnt := m.deliveryAcknowledged(now, prior)
+		m.noteIfFree()
+		return learnt
+	})
 }
 
 // InFlightDropped records that a QoS≥1 delivery to clientID was abandoned
@@ -359,6 +364,7 @@ func (e *Engine) selectMember(groupKey string, msg Message, mayHold bool) (strin
 	defer g.mu.Unlock()
 	now := e.now()
 	var m *member
+	selectedAt := -1 // m's index among the online members
 	if len(g.members) == 0 {
 		// Every member is offline: their sessions queue the message.
 		m = g.offline[g.nextOffline%len(g.offline)]
@@ -380,9 +386,13 @@ func (e *Engine) selectMember(groupKey string, msg Message, mayHold bool) (strin
 		}
 		m = g.members[idx]
 		g.selections[idx]++
+		selectedAt = idx
 	}
 	prior := e.groupPrior(g, now) // cached: O(1) between changes
 	m.mu.Lock()
+	if selectedAt >= 0 {
+		m.selectedIn, m.selectedAt = g, int32(selectedAt)
+	}
 	svc := m.serviceOr(prior)
 	m.recordSend(now, m.predictedStart(now, svc, e.cfg.StaleAfter), svc)
 	m.mu.Unlock()

@@ -29,6 +29,14 @@ type group struct {
 	nextOffline    int
 	sticky         *member
 	rng            uint64
+	// freed holds the indices of the members that last showed a free
+	// worker (an acknowledgement, a report of going idle), newest at
+	// freedNext-1: a sampled selection compares them too, so a member
+	// that has just freed up is not missed by the draw. Written without
+	// mu by acks and reports; an index gone stale is only one more
+	// candidate.
+	freed     [freedHints]atomic.Int32
+	freedNext atomic.Uint32
 
 	// The adaptive prior (Engine.groupPrior) cached until the membership or
 	// a member's estimate changes, or until priorUntil, when a member it
@@ -41,8 +49,23 @@ type group struct {
 // invalidatePrior makes the next selection recompute the prior.
 func (g *group) invalidatePrior() { g.priorValid.Store(false) }
 
+// freedHints is how many recently freed members a group remembers.
+const freedHints = 4
+
 func newGroup(key string, seed uint64) *group {
-	return &group{key: key, rng: seed | 1, totals: make(map[string]uint64)}
+	g := &group{key: key, rng: seed | 1, totals: make(map[string]uint64)}
+	for i := range g.freed {
+		g.freed[i].Store(-1)
+	}
+	return g
+}
+
+// noteFreed remembers that the member at index i has a free worker.
+func (g *group) noteFreed(i int32) {
+	if g.freed[(g.freedNext.Load()+freedHints-1)%freedHints].Load() == i {
+		return // already the newest
+	}
+	g.freed[(g.freedNext.Add(1)-1)%freedHints].Store(i)
 }
 
 func (g *group) empty() bool { return len(g.members) == 0 && len(g.offline) == 0 }

@@ -245,6 +245,11 @@ type member struct {
 	// finished, and when the oldest of them started (as far as is known).
 	unconfirmed      int
 	unconfirmedSince time.Duration
+
+	// selectedIn and selectedAt are the group it was last selected in and
+	// its index there, where it is noted when it frees up (noteFreed).
+	selectedIn *group
+	selectedAt int32
 }
 
 func newMember(id string, now time.Duration) *member {
@@ -326,6 +331,29 @@ func (m *member) serviceOr(prior time.Duration) time.Duration {
 // Config.NewcomerCap messages while other members are available.
 func (m *member) unproven() bool {
 	return m.qosDeliveries > 0 && m.acksAreFinishes && m.completions == 0
+}
+
+// noteIfFree tells the group it was last selected in that it has a free
+// worker, when its acknowledgements or its last report show one: no
+// delivery it must still finish beyond its workers, or a report of going
+// idle with nothing sent since. m's lock is held.
+func (m *member) noteIfFree() {
+	if m.selectedIn == nil {
+		return
+	}
+	free := false
+	switch {
+	case m.acksAreFinishes && m.qosDeliveries > 0:
+		// Acks a timer flushed say only that work ended some time ago.
+		free = m.inflight < m.workers && !m.acksOnTimer()
+	case m.reportsIdle:
+		// A member that reports going idle at once (the SDK), not one
+		// that reports on a timer only.
+		free = !m.reportedBusy && m.sentSinceReport == 0
+	}
+	if free {
+		m.selectedIn.noteFreed(m.selectedAt)
+	}
 }
 
 // maxOverdueGuess bounds the wait guessed for an overdue member.

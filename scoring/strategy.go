@@ -192,8 +192,9 @@ func thesisScore(m *member, now, groupMean time.Duration) time.Duration {
 // other member is available, hold at most NewcomerCap messages until their
 // first measurement; one still silent after its oldest message ran longer
 // than that median is taken to be slower (halfway through that message).
-// Groups larger than 16 members compare a random sample of 16, so one selection
-// stays O(1).
+// Groups larger than 16 members compare a random sample of 16, with the
+// previous runner-up and the last few members that freed up, so one
+// selection stays O(1).
 type adaptiveStrategy struct{}
 
 func (adaptiveStrategy) Name() string { return "adaptive" }
@@ -228,7 +229,7 @@ type candidate struct {
 func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 	n := len(g.members)
 	prior := time.Duration(-1) // computed on first need
-	var candidates [maxSample]int
+	var candidates [maxSample + freedHints]int
 	count := n
 	if n > exhaustiveLimit {
 		count = e.cfg.SampleSize
@@ -242,6 +243,14 @@ func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 		// memory): a good member found once is not lost to the draw.
 		if r := g.runnerUp; r < n && g.members[r] == g.runnerUpMember && count > 1 {
 			candidates[1] = r
+		}
+		// So do the members that freed up last (group.freed): when a few
+		// of many are idle, a draw of 16 may miss them all.
+		for k := 0; k < freedHints; k++ {
+			if i := g.freed[k].Load(); i >= 0 && int(i) < n {
+				candidates[count] = int(i)
+				count++
+			}
 		}
 	}
 	best := candidate{index: -1, capped: true}
