@@ -16,9 +16,13 @@ import (
 	"github.com/luffymq/luffymq/bench/internal/harness"
 )
 
-// liveOracleHook picks shared-group members for SystemLiveOracle.
+// liveOracleHook picks shared-group members for SystemLiveOracle, or for
+// SystemLiveInformedOracle when informed is set.
 type liveOracleHook struct {
 	mqtt.HookBase
+	// informed predicts from each member's queue and mean service time
+	// (memberWorker.expectedStart) instead of its exact schedule.
+	informed bool
 
 	mu       sync.Mutex
 	run      *liveRun
@@ -61,7 +65,11 @@ func (h *liveOracleHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.
 			if w == nil {
 				continue
 			}
-			if start := w.predictedStart(now); best == nil || start.Before(bestStart) {
+			start := w.predictedStart(now)
+			if h.informed {
+				start = w.expectedStart(now)
+			}
+			if best == nil || start.Before(bestStart) {
 				best, bestID, bestStart = w, id, start
 			}
 		}
@@ -87,14 +95,14 @@ type liveOracleBroker struct {
 // attach hands the hook the run whose members it routes to.
 func (b *liveOracleBroker) attach(run *liveRun, idPrefix string) { b.hook.attach(run, idPrefix) }
 
-// startLiveOracleBroker is BrokerStarter.LiveOracle: the live oracle,
-// logging to logPath.
-func startLiveOracleBroker(logPath string) (harness.RunningBroker, error) {
+// startLiveOracleBroker is BrokerStarter.LiveOracle: the live oracle
+// (informed: the informed live oracle), logging to logPath.
+func startLiveOracleBroker(logPath string, informed bool) (harness.RunningBroker, error) {
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("live oracle log: %w", err)
 	}
-	br, err := startLiveOracle(slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	br, err := startLiveOracle(slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelWarn})), informed)
 	if err != nil {
 		_ = logFile.Close()
 		return nil, err
@@ -102,8 +110,8 @@ func startLiveOracleBroker(logPath string) (harness.RunningBroker, error) {
 	return closingWith{br, logFile.Close}, nil
 }
 
-func startLiveOracle(logger *slog.Logger) (*liveOracleBroker, error) {
-	hook := new(liveOracleHook)
+func startLiveOracle(logger *slog.Logger, informed bool) (*liveOracleBroker, error) {
+	hook := &liveOracleHook{informed: informed}
 	br, err := harness.StartVanillaMochi("127.0.0.1:0", logger, hook)
 	if err != nil {
 		return nil, err

@@ -75,3 +75,51 @@ func TestLiveOracleRoutesOnTrueStateAndBooks(t *testing.T) {
 	subs := &mqtt.Subscribers{Shared: map[string]map[string]packets.Subscription{"$share/g/t": {"m1": {}}}, SharedSelected: map[string]packets.Subscription{}}
 	require.Empty(t, h.OnSelectSubscribers(subs, packets.Packet{Payload: []byte("x")}).SharedSelected)
 }
+
+// TestInformedLiveOracleKnowsQueuesNotSizes: the informed live oracle
+// predicts from how many messages a member holds and its mean, and expects
+// of a running exponential message a whole mean however long it has run;
+// the live oracle reads the exact schedule.
+func TestInformedLiveOracleKnowsQueuesNotSizes(t *testing.T) {
+	ms := time.Millisecond
+	s := Scenario{Members: []Member{{Service: 10 * ms}, {Service: 10 * ms}}, ServiceNoise: NoiseExponential}
+	now := time.Now()
+	lr := &liveRun{s: s, dead: make([]bool, 2), workers: make([]*memberWorker, 2), t0: now.Add(-time.Second)}
+	for i := range 2 {
+		lr.setWorker(i, &memberWorker{run: lr, i: i})
+	}
+	// m1 runs a message that started 30 ms ago and ends in 1 ms (a large
+	// one); m2 runs one that started just now and ends in 12 ms, and
+	// holds one more of exactly known size 2 ms.
+	m1, m2 := lr.worker(0), lr.worker(1)
+	m1.runStart, m1.lastEnd = now.Add(-30*ms), now.Add(ms)
+	m2.runStart, m2.lastEnd = now, now.Add(12*ms)
+	m2.booked, m2.pending = map[int]time.Duration{7: 2 * ms}, 2*ms
+
+	require.Equal(t, now.Add(ms), m1.predictedStart(now), "the live oracle knows m1 ends in 1 ms")
+	require.Equal(t, now.Add(14*ms), m2.predictedStart(now))
+	require.Equal(t, now.Add(10*ms), m1.expectedStart(now), "memoryless: a whole mean left")
+	require.Equal(t, now.Add(20*ms), m2.expectedStart(now), "a mean for the running one and one per message held")
+
+	// Uniform work within ±20 %: what is left of [8, 12] ms.
+	lr.s.ServiceNoise = NoiseUniform20
+	require.Equal(t, now, m1.expectedStart(now), "ran past the longest size: expected to end at once")
+	m1.runStart = now.Add(-9 * ms)
+	require.Equal(t, now.Add(1500*time.Microsecond), m1.expectedStart(now), "halfway through what is left of [8, 12]")
+	// No noise: exact.
+	lr.s.ServiceNoise = ""
+	m1.runStart = now.Add(-4 * ms)
+	require.Equal(t, now.Add(6*ms), m1.expectedStart(now))
+
+	// The hook routes on it.
+	h := &liveOracleHook{informed: true}
+	h.attach(lr, "m")
+	lr.s.ServiceNoise = NoiseExponential
+	m1.runStart = now.Add(-30 * ms)
+	subs := &mqtt.Subscribers{
+		Shared:         map[string]map[string]packets.Subscription{"$share/g/t": {"m1": {Filter: "$share/g/t"}, "m2": {Filter: "$share/g/t"}}},
+		SharedSelected: map[string]packets.Subscription{},
+	}
+	subs = h.OnSelectSubscribers(subs, packets.Packet{Payload: harness.EncodePayload(1, now)})
+	require.Contains(t, subs.SharedSelected, "m1", "m1 holds one message, m2 two")
+}

@@ -102,6 +102,34 @@ func (s Scenario) ServiceTime(i, seq int, t time.Duration) time.Duration {
 	return d
 }
 
+// MeanServiceTime returns member i's mean service time for a message
+// starting at offset t: what its speed makes of an average work size.
+func (s Scenario) MeanServiceTime(i int, t time.Duration) time.Duration {
+	return s.Members[i].serviceAt(t)
+}
+
+// ExpectedRemaining returns how long a message that member i started at
+// offset started, and that has run for elapsed, is expected to run still,
+// knowing the distribution of work sizes but not this message's: with no
+// noise that is exact; exponential work is memoryless, so a whole mean
+// whatever it ran; uniform work within ±20 % of the mean m ends uniformly
+// in what is left of [0.8m, 1.2m].
+func (s Scenario) ExpectedRemaining(i int, started, elapsed time.Duration) time.Duration {
+	m := s.MeanServiceTime(i, started)
+	switch s.ServiceNoise {
+	case NoiseExponential:
+		return m
+	case NoiseUniform20:
+		lo, hi := m*8/10, m*12/10
+		if elapsed < lo {
+			return m - elapsed
+		}
+		return max(hi-elapsed, 0) / 2
+	default:
+		return max(m-elapsed, 0)
+	}
+}
+
 // Scenarios returns set A of docs/scenarios.md.
 func Scenarios() []Scenario {
 	ms := time.Millisecond

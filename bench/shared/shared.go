@@ -226,6 +226,25 @@ type memberWorker struct {
 	lastEnd time.Time
 	booked  map[int]time.Duration
 	pending time.Duration
+	// runStart is when its current (or last) message started, for the
+	// informed live oracle, which knows that but not the message's size.
+	runStart time.Time
+}
+
+// expectedStart returns when the member is expected to start a message
+// handed to it at now, by what a broker could at best know: its exact
+// queue (the message running, the messages sent to it and not started)
+// and its mean service time, but not the size of any message.
+func (w *memberWorker) expectedStart(now time.Time) time.Time {
+	base := w.run.base()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	start := now
+	if w.lastEnd.After(now) {
+		start = now.Add(w.run.s.ExpectedRemaining(w.i, w.runStart.Sub(base), now.Sub(w.runStart)))
+	}
+	mean := w.run.s.MeanServiceTime(w.i, now.Sub(base))
+	return start.Add(time.Duration(len(w.booked)) * mean)
 }
 
 // predictedStart returns when the member would start a message handed to
@@ -271,11 +290,11 @@ func (w *memberWorker) serve(ctx context.Context, payload []byte, ready time.Tim
 		delete(w.booked, seq)
 		w.pending -= b
 	}
-	w.lastEnd = start.Add(d)
+	w.lastEnd, w.runStart = start.Add(d), start
 	w.mu.Unlock()
 	vstart, err := w.emu.Serve(ctx, ready, d)
 	w.mu.Lock()
-	w.lastEnd = vstart.Add(d)
+	w.lastEnd, w.runStart = vstart.Add(d), vstart
 	w.mu.Unlock()
 	// The publish time is the scheduled one: if the broker holds the
 	// publisher back, that wait is part of the latency.

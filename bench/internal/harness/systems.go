@@ -42,9 +42,10 @@ type BrokerStarter struct {
 	Self string
 	// LogDir receives broker logs.
 	LogDir string
-	// LiveOracle starts the live oracle in this process (set by the runs
-	// that have it among their systems).
-	LiveOracle func(logPath string) (RunningBroker, error)
+	// LiveOracle starts the live oracle in this process, or with informed
+	// the informed live oracle (set by the runs that have them among their
+	// systems).
+	LiveOracle func(logPath string, informed bool) (RunningBroker, error)
 }
 
 // NewBrokerStarter prepares the brokers of systems for a run writing into
@@ -108,11 +109,11 @@ func (b BrokerStarter) Start(ctx context.Context, system string, reportInterval 
 		}
 		p.Cleanup = func() { _ = os.RemoveAll(dir) }
 		return p, nil
-	case system == SystemLiveOracle:
+	case system == SystemLiveOracle || system == SystemLiveInformedOracle:
 		if b.LiveOracle == nil {
-			return nil, errors.New("live oracle: not available in this run")
+			return nil, errors.New(system + ": not available in this run")
 		}
-		return b.LiveOracle(filepath.Join(b.LogDir, logName+".broker.log"))
+		return b.LiveOracle(filepath.Join(b.LogDir, logName+".broker.log"), system == SystemLiveInformedOracle)
 	case system == SystemMochi:
 		if b.Self == "" {
 			return nil, errors.New("mochi: the path of the luffy-bench executable is unknown")
@@ -311,6 +312,15 @@ func buildLuffyMQ(ctx context.Context, dir string) (string, error) {
 // 35.9 ms against 42.0 ms, medians of 2 runs).
 const SystemLiveOracle = "live-oracle"
 
+// SystemLiveInformedOracle is the live oracle that knows what a broker
+// could at best know: each member's exact queue (the message it runs,
+// those sent to it and not started) and its true mean service time, but
+// not the size of any message, whose remaining it expects from the
+// scenario's noise (a whole mean for exponential work, however long the
+// message has run). With noisy service times it is the reference a live
+// policy can be held to; without noise it is the live oracle.
+const SystemLiveInformedOracle = "live-informed-oracle"
+
 // System names accepted by --systems.
 const (
 	SystemMosquitto = "mosquitto"
@@ -346,7 +356,7 @@ func AllSystems() []string {
 	for _, s := range LuffyStrategies {
 		out = append(out, "luffymq-"+s)
 	}
-	return append(out, SystemMosquitto, SystemMochi, SystemLiveOracle, SystemOracle)
+	return append(out, SystemMosquitto, SystemMochi, SystemLiveOracle, SystemLiveInformedOracle, SystemOracle)
 }
 
 // ParseSystems turns a comma-separated list (strategy names may omit the
