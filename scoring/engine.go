@@ -386,10 +386,16 @@ func (e *Engine) selectMember(groupKey string, msg Message, mayHold bool) (strin
 		}
 		m = g.members[idx]
 		g.selections[idx]++
+		g.takeFreed(int32(idx))
 		selectedAt = idx
 	}
-	prior := e.groupPrior(g, now) // cached: O(1) between changes
+	var prior time.Duration
 	m.mu.Lock()
+	if !m.hasService() {
+		m.mu.Unlock()
+		prior = e.groupPrior(g, now) // cached: O(1) between changes
+		m.mu.Lock()
+	}
 	if selectedAt >= 0 {
 		m.selectedIn, m.selectedAt = g, int32(selectedAt)
 	}

@@ -31,10 +31,10 @@ type group struct {
 	rng            uint64
 	// freed holds the indices of the members that last showed a free
 	// worker (an acknowledgement, a report of going idle), newest at
-	// freedNext-1: a sampled selection compares them too, so a member
-	// that has just freed up is not missed by the draw. Written without
-	// mu by acks and reports; an index gone stale is only one more
-	// candidate.
+	// freedNext-1, until they are given a message (-1: none): a sampled
+	// selection compares them too, so a member that has just freed up is
+	// not missed by the draw. Written without mu by acks and reports; an
+	// index gone stale is only one more candidate.
 	freed     [freedHints]atomic.Int32
 	freedNext atomic.Uint32
 
@@ -58,6 +58,16 @@ func newGroup(key string, seed uint64) *group {
 		g.freed[i].Store(-1)
 	}
 	return g
+}
+
+// takeFreed forgets the member at index i, which has just been given a
+// message: it is no longer known to be free.
+func (g *group) takeFreed(i int32) {
+	for k := range g.freed {
+		if g.freed[k].Load() == i { // a load is cheaper than a swap
+			g.freed[k].CompareAndSwap(i, -1)
+		}
+	}
 }
 
 // noteFreed remembers that the member at index i has a free worker.

@@ -947,10 +947,10 @@ func TestSimulationFleet(t *testing.T) {
 // beat join-the-shortest-queue (whose exact queue lengths are what matters
 // most when work is memoryless) with plain members, but at 50 members
 // acknowledging after their next read, where it stays within 1.3× of it
-// (7.75 against 6.72 ms; 10.4 before a sampled group compared the members
+// (7.58 against 6.72 ms; 10.4 before a sampled group compared the members
 // that had just freed up, 2026-11-28; 20.3 before acks at work ends were
 // told from a timer's, 2026-11-27). In runs four times as long, warm-up
-// left behind, it is ahead there too (4.10 against 5.54 ms). Its ratio to the perfect-information oracle,
+// left behind, it is ahead there too (about 4.1 against 5.5 ms). Its ratio to the perfect-information oracle,
 // which knows every message's size, is logged, and so is its ratio to the
 // informed oracle, which knows every member's exact queue and true mean
 // but no message's size: the bound of issue 23 for what a broker could do
@@ -992,7 +992,7 @@ func TestSimulationFleetVariableWork(t *testing.T) {
 				// count (reported queue plus sent since) is what matters
 				// for memoryless work; adaptive counts it too, in the share
 				// its variability gives, and is ahead at 6 members, level at
-				// 20 (28.3 against 28.6 ms) and behind at 50 (36.8 against
+				// 20 (29.1 against 28.6 ms) and behind at 50 (37.9 against
 				// 22.6). Issue 23.
 			case kind.afterRead && n >= 50:
 				require.LessOrEqual(t, means["adaptive"], 1.3*means["jsq"], name)

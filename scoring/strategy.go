@@ -228,7 +228,7 @@ type candidate struct {
 // the sampling pointer of a large group; g's lock is held.
 func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 	n := len(g.members)
-	prior := time.Duration(-1) // computed on first need
+	prior := time.Duration(-1) // computed on first need (a member without an estimate)
 	var candidates [maxSample + freedHints]int
 	count := n
 	if n > exhaustiveLimit {
@@ -261,11 +261,17 @@ func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 			i = candidates[k]
 		}
 		m := g.members[i]
-		if prior < 0 {
-			prior = e.groupPrior(g, now) // cached: O(1) between changes
-		}
 		m.mu.Lock()
-		c := candidate{index: i, svc: m.serviceOr(prior), known: m.hasService()}
+		if prior < 0 && !m.hasService() {
+			// Only a member without an estimate needs the prior, which
+			// reads the others' locks: every ack that teaches an
+			// estimate invalidates it, and recomputing it for a group of
+			// known members cost more than the selection itself.
+			m.mu.Unlock()
+			prior = e.groupPrior(g, now) // cached: O(1) between changes
+			m.mu.Lock()
+		}
+		c := candidate{index: i, svc: m.serviceOr(max(prior, 0)), known: m.hasService()}
 		c.start = m.predictedStart(now, c.svc, e.cfg.StaleAfter)
 		c.held = m.held(now, c.start, c.svc)
 		c.capped = (!c.known || m.unproven()) && c.held >= e.cfg.NewcomerCap
