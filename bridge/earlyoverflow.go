@@ -42,9 +42,12 @@ type overflowView struct {
 	// idle is how many members were idle at idleRose's last call.
 	idle int
 	// published is when decide last saw a local publish; rate, the rate
-	// of local publishes.
-	published time.Time
-	rate      wqroute.PublishRate
+	// of local publishes; sustainedRate, the same over a longer time
+	// (sustainedRateWindow), which says whether the publishes come often
+	// enough to use a stream of the other sites' states (demandInputs).
+	published     time.Time
+	rate          wqroute.PublishRate
+	sustainedRate wqroute.PublishRate
 	// site is scratch space for the members of the whole site: these
 	// and, with a router, the other brokers' of this site (siteMembers).
 	site []scoring.MemberSnapshot
@@ -114,6 +117,10 @@ type decision struct {
 	site string
 	// overflow sends it to the dead-letter exchange at once.
 	overflow bool
+	// askStates says that it stays in wq.<g> while no other site's state
+	// is fresh: the states are to be asked for at once, and the first to
+	// arrive may dispatch it (dispatchHeld).
+	askStates bool
 	// local is the local members' predicted wait (ok: predictable), cost
 	// what staying home was weighed at (wqroute.LocalCost), and start the
 	// chosen site's predicted start, for tracing.
@@ -189,6 +196,8 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 	defer v.mu.Unlock()
 	v.published = now
 	v.rate.Add(now)
+	v.sustainedRate.Window = sustainedRateWindow
+	v.sustainedRate.Add(now)
 	if v.members != nil {
 		limit := v.ttl
 		if router != nil {
@@ -205,6 +214,19 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 				}
 				v.readyWork++
 				return decision{local: wait, cost: cost, start: wait, ok: true}
+			}
+			// No other site's state is fresh: this broker is not
+			// asking for them (its publishes are too rare for a
+			// stream of states to pay, demandInputs), or they
+			// stopped coming. A message that would wait here longer
+			// than the nearest site is away waits in wq.<g>, whose TTL
+			// is then heldTTL, while the states are asked for at once;
+			// each that arrives dispatches it if its site would start
+			// it sooner. Before, it left by the hash ring to a site
+			// drawn by weight, busy or not.
+			if least, known := router.LeastDelay(); known && wait > least && allTimed(v.members) {
+				v.readyWork++
+				return decision{askStates: true, local: wait, cost: cost, start: wait, ok: true}
 			}
 		}
 		if ok && wait > v.ttl {
@@ -241,23 +263,38 @@ func (v *overflowView) localCost(now time.Time, load siteLoad, wait, limit time.
 	return min(wqroute.LocalCost(wait, sum/time.Duration(timed), publishes/float64(online)), limit)
 }
 
+// sustainedRateWindow is the time constant of the publish rate that
+// decides whether a broker's publishes keep a stream of the other sites'
+// states busy (demandInputs): several leases, so that one burst does not
+// make a stream.
+const sustainedRateWindow = 10 * time.Second
+
 // demandInputs returns what the router's Demand weighs: how long from
 // now the local members would start a message published now (the TTL
-// when that cannot be said), and how many messages wait in wq.<g>. A
-// broker that saw no local publish within the last recent has nothing
-// to route: its start is 0 whatever its members do (they may be busy
-// with other sites' messages).
-func (v *overflowView) demandInputs(now time.Time, router *wqroute.Router, recent time.Duration) (time.Duration, int) {
+// when that cannot be said), and how many messages wait in wq.<g>; and
+// whether the local publishes are sustained: at least one a lease on
+// average, so that a stream of the other sites' states over a lease is
+// used by some publish. A broker that saw no local publish within the
+// last recent has nothing to route: its start is 0 whatever its members
+// do (they may be busy with other sites' messages). So is one whose
+// publishes are not sustained: a stream of states for a rare publish
+// costs the WAN a state per change of every other site for the whole
+// lease, and such a publish asks for the states itself when it comes,
+// waiting in wq.<g> for the first (decide's askStates).
+func (v *overflowView) demandInputs(now time.Time, router *wqroute.Router, recent, lease time.Duration) (start time.Duration, held int, sustained bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.published.IsZero() || now.Sub(v.published) > recent {
-		return 0, v.readyWork
+		return 0, v.readyWork, false
+	}
+	if v.sustainedRate.PerSecond(now)*lease.Seconds() < 1 {
+		return 0, v.readyWork, false
 	}
 	wait, ok := v.localStart(v.siteMembers(now, router), v.readyWork+v.readyIntake, max(v.ttl, maxLocalPrediction))
 	if !ok {
 		wait = v.ttl
 	}
-	return wait, v.readyWork
+	return wait, v.readyWork, true
 }
 
 // allTimed reports whether every online member has a service estimate

@@ -325,20 +325,67 @@ func TestOverflowViewDemandInputs(t *testing.T) {
 	now := time.Unix(1000, 0)
 	r := wqroute.NewRouter(wqroute.Config{Site: "tunis", Broker: "tunis-1"})
 	var v overflowView
+	lease := 1500 * ms
 	// Members busy with other sites' messages, but no local publish: no
 	// message of this site to route.
 	v.setMembers([]scoring.MemberSnapshot{member(80*ms, 100*ms)}, 150*ms, now)
-	if start, held := v.demandInputs(now, r, 3*time.Second); start != 0 || held != 0 {
-		t.Fatalf("demandInputs without a local publish = %v, %d; want 0, 0", start, held)
+	if start, held, sustained := v.demandInputs(now, r, 3*time.Second, lease); start != 0 || held != 0 || sustained {
+		t.Fatalf("demandInputs without a local publish = %v, %d, %v; want 0, 0, false", start, held, sustained)
 	}
-	v.decide(now, r) // stays: held in wq.<g>
-	start, held := v.demandInputs(now.Add(10*ms), r, 3*time.Second)
-	if held != 1 || start != 170*ms {
-		t.Fatalf("demandInputs after a publish = %v, %d; want 170ms (70 ms left, then the held one), 1", start, held)
+	// One publish is not a stream: it is held (and asks for the states
+	// itself when none is fresh), but it does not make a start to route.
+	v.decide(now, r)
+	if start, held, sustained := v.demandInputs(now.Add(10*ms), r, 3*time.Second, lease); start != 0 || held != 1 || sustained {
+		t.Fatalf("demandInputs after one publish = %v, %d, %v; want 0, 1 held, not sustained", start, held, sustained)
+	}
+	// Ten publishes a second are: a stream of states over a lease is used.
+	for i := 1; i < 10; i++ {
+		v.decide(now.Add(time.Duration(i)*100*ms), r)
+	}
+	later := now.Add(time.Second)
+	v.setMembers([]scoring.MemberSnapshot{member(80*ms, 100*ms)}, 150*ms, later)
+	v.setReady(1, 0)
+	start, held, sustained := v.demandInputs(later.Add(10*ms), r, 3*time.Second, lease)
+	if held != 1 || start != 170*ms || !sustained {
+		t.Fatalf("demandInputs after ten publishes in a second = %v, %d, %v; want 170ms (70 ms left, then the held one), 1, sustained", start, held, sustained)
 	}
 	v.setReady(0, 0)
-	if start, _ := v.demandInputs(now.Add(3*time.Second+ms), r, 3*time.Second); start != 0 {
+	if start, _, _ := v.demandInputs(later.Add(3*time.Second+ms), r, 3*time.Second, lease); start != 0 {
 		t.Fatalf("demandInputs 3 s after the last local publish = %v, want 0", start)
+	}
+}
+
+// A publish that finds no other site's state fresh, at a broker that has
+// heard of other sites, waits in wq.<g> and asks for the states, when its
+// wait is longer than the nearest site is away; it no longer leaves by the
+// hash ring to a site drawn by weight. Members that cannot be predicted
+// (wq.<g> keeps eq. 2.12's TTL) keep the old rule.
+func TestOverflowViewDecideAsksForStatesWhenNoneIsFresh(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Unix(1000, 0)
+	r := wqroute.NewRouter(wqroute.Config{Site: "berlin", Broker: "berlin-1", StaleAfter: 1500 * ms})
+	r.Observe(wqroute.State{Site: "tunis", Broker: "tunis-1", Sent: now.UnixNano(), Members: []wqroute.MemberState{{Service: time.Second}}}, now.Add(22*ms))
+	later := now.Add(5 * time.Second) // tunis's state is stale
+	var v overflowView
+	v.setMembers([]scoring.MemberSnapshot{member(900*ms, time.Second)}, 500*ms, later)
+	d := v.decide(later, r)
+	if !d.askStates || d.overflow || d.site != "" {
+		t.Fatalf("decide with a stale state and 900 ms to wait = %+v; want held, asking for states", d)
+	}
+	if _, held, _ := v.demandInputs(later, r, 3*time.Second, 1500*ms); held != 1 {
+		t.Fatalf("held = %d after the publish, want 1", held)
+	}
+	// A wait shorter than the nearest delay asks nothing.
+	var quick overflowView
+	quick.setMembers([]scoring.MemberSnapshot{member(10*ms, time.Second)}, 500*ms, later)
+	if d := quick.decide(later, r); d.askStates || d.overflow {
+		t.Fatalf("decide with 10 ms to wait (tunis 22 ms away) = %+v; want it kept without asking", d)
+	}
+	// A member without a service time: eq. 2.12's TTL, and the old rule.
+	var untimed overflowView
+	untimed.setMembers([]scoring.MemberSnapshot{member(900*ms, time.Second), {Online: true, InFlight: 1, AcksAreFinishes: true}}, 500*ms, later)
+	if d := untimed.decide(later, r); d.askStates {
+		t.Fatalf("decide with an unpredictable member = %+v; want the TTL's rule, not a hold", d)
 	}
 }
 

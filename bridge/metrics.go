@@ -68,6 +68,9 @@ func newStats(b *Bridge) *stats {
 			"wq_routed":              d("wq_routed_total", "Local publishes sent straight to another site's intake, because its members would start them sooner than the local ones, one-way delay included (--wq-route nearest).", "queue", "to"),
 			"wq_reclaim_redelivered": d("wq_reclaimed_redelivered_total", "The part of wq_reclaimed_total that the site's federation link had taken and given back unacknowledged (its node died or its connection closed), taken back once the site was silent for 15 state intervals: the site may have kept a copy and process it too when it comes back (at-least-once).", "queue", "from"),
 			"wq_reclaim":             d("wq_reclaimed_total", "Messages sent to another site that were taken back from this node's federation link queues towards it once its state had stopped arriving: routed ones into the local work queue, the hash ring's into the local intake (--wq-route nearest).", "queue", "from"),
+			"wq_states":              d("wq_states_sent_total", "Group states this broker sent to another site while that site asked for them (--wq-route nearest); each crosses the WAN once.", "queue", "to"),
+			"wq_states_why":          d("wq_states_sent_by_reason_total", "The states of wq_states_sent_total by why they were sent: change (what the other sites' routers read changed), idle (a member went idle with nothing left to take), heartbeat (nothing changed for 5 state intervals), lease (the first to a site that just asked).", "queue", "reason"),
+			"wq_wants":               d("wq_state_requests_sent_total", "Requests for the other sites' group states this broker sent (--wq-route nearest); federation carries each to every other site.", "queue"),
 			"wq_at_pub":              d("wq_overflow_at_publish_total", "Local publishes sent to the work queue's dead-letter exchange at once, because the local members would not have started them within the queue's TTL (off with --wq-ttl-overflow-only).", "queue"),
 			"wq_ttl":                 d("wq_ttl_seconds", "Current message TTL of the work queue's policy (eq. 2.12).", "queue"),
 			"wq_maxlen":              d("wq_max_length", "Current max length of the work queue's policy (eq. 2.12).", "queue"),
@@ -144,14 +147,17 @@ type wqCounters struct {
 	// statesTo counts the states sent to each other site (on its
 	// request); wants, the requests for states this broker sent.
 	statesTo map[string]uint64
-	wants    uint64
+	// statesWhy counts the same states by why they were sent
+	// (stateReason).
+	statesWhy map[string]uint64
+	wants     uint64
 }
 
 func (s *stats) wqGroup(g string) *wqCounters {
 	c := s.wq[g]
 	if c == nil {
 		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}, routedFrom: map[string]uint64{},
-			reclaimed: map[string]uint64{}, reclaimedRedelivered: map[string]uint64{}, statesTo: map[string]uint64{}}
+			reclaimed: map[string]uint64{}, reclaimedRedelivered: map[string]uint64{}, statesTo: map[string]uint64{}, statesWhy: map[string]uint64{}}
 		s.wq[g] = c
 	}
 	return c
@@ -169,10 +175,12 @@ func (s *stats) wqOverflowAtPublish(g string) {
 	s.mu.Unlock()
 }
 
-// wqStateSent counts a state sent to another site.
-func (s *stats) wqStateSent(g, site string) {
+// wqStateSent counts a state sent to another site, and why.
+func (s *stats) wqStateSent(g, site, why string) {
 	s.mu.Lock()
-	s.wqGroup(g).statesTo[site]++
+	c := s.wqGroup(g)
+	c.statesTo[site]++
+	c.statesWhy[why]++
 	s.mu.Unlock()
 }
 
@@ -291,6 +299,12 @@ type WorkQueueStats struct {
 	// site at its request; WantsSent, the requests for states it sent.
 	StatesTo  map[string]uint64
 	WantsSent uint64
+	// StatesWhy splits the states sent to other sites by why they were
+	// sent: "change" (what the other sites' routers read changed),
+	// "idle" (a member went idle with nothing left to take), "heartbeat"
+	// (nothing changed for stateHeartbeatIntervals) and "lease" (the
+	// first to a site that just asked).
+	StatesWhy map[string]uint64
 	// MaxLength, TTL and Weight are what the last retune applied.
 	MaxLength int
 	TTL       time.Duration
@@ -327,7 +341,7 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 		}
 		w.RoutedTo = maps.Clone(c.routedTo)
 		w.Reclaimed, w.ReclaimedRedelivered = maps.Clone(c.reclaimed), maps.Clone(c.reclaimedRedelivered)
-		w.StatesTo, w.WantsSent = maps.Clone(c.statesTo), c.wants
+		w.StatesTo, w.WantsSent, w.StatesWhy = maps.Clone(c.statesTo), c.wants, maps.Clone(c.statesWhy)
 		out[g] = w
 	}
 	s.mu.Unlock()
@@ -425,6 +439,13 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 		for site, n := range w.RoutedTo {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_routed"], prometheus.CounterValue, float64(n), q, site)
 		}
+		for site, n := range w.StatesTo {
+			ch <- prometheus.MustNewConstMetric(s.descs["wq_states"], prometheus.CounterValue, float64(n), q, site)
+		}
+		for why, n := range w.StatesWhy {
+			ch <- prometheus.MustNewConstMetric(s.descs["wq_states_why"], prometheus.CounterValue, float64(n), q, why)
+		}
+		ch <- prometheus.MustNewConstMetric(s.descs["wq_wants"], prometheus.CounterValue, float64(w.WantsSent), q)
 		for site, n := range w.Reclaimed {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_reclaim"], prometheus.CounterValue, float64(n), q, site)
 		}

@@ -202,6 +202,8 @@ func (b *Bridge) exportWork(pk packets.Packet) {
 			case d.overflow:
 				m.exchange = DeadLetterExchangeName(g.name)
 				b.stats.wqOverflowAtPublish(g.name)
+			case d.askStates:
+				g.nudgeWant()
 			}
 		}
 		if !b.outbox.push(m) {

@@ -235,6 +235,19 @@ type workGroup struct {
 	// nothing left to take: the sites routing to this one hear of it at
 	// once rather than at the next StateInterval.
 	idleNudge chan struct{}
+	// wantNudge wakes the state loop when a local publish waits in
+	// wq.<g> for the other sites' states, none being fresh: it asks for
+	// them at once.
+	wantNudge chan struct{}
+}
+
+// nudgeWant tells the state loop, without blocking, that a publish waits
+// for the other sites' states.
+func (g *workGroup) nudgeWant() {
+	select {
+	case g.wantNudge <- struct{}{}:
+	default:
+	}
 }
 
 // nudgeIdle tells the state loop, without blocking, that a member went
@@ -260,7 +273,7 @@ func parseExportGroup(s string) (*workGroup, error) {
 	if err := checkExport(parts[2]); err != nil {
 		return nil, fmt.Errorf("%w: export-group %q: filter %q is not a valid MQTT filter outside '$' topics", ErrInvalidConfig, s, parts[2])
 	}
-	return &workGroup{name: parts[1], share: s, filter: parts[2], idleNudge: make(chan struct{}, 1)}, nil
+	return &workGroup{name: parts[1], share: s, filter: parts[2], idleNudge: make(chan struct{}, 1), wantNudge: make(chan struct{}, 1)}, nil
 }
 
 // Capacity is a site's capacity for one group, computed from its members'

@@ -46,11 +46,22 @@ const stateStaleIntervals = 3 * stateHeartbeatIntervals
 
 // wantRenewIntervals is how many StateIntervals pass between two Wants of
 // a broker whose demand lasts; wantLeaseIntervals, how long each one asks
-// for the states: three renewals, so a lost Want costs nothing.
+// for the states while the local publishes are sustained (demandInputs):
+// three renewals, so a lost Want costs nothing. Otherwise (messages held
+// or routed, a rare publish that asked for the states itself) a Want asks
+// for wantShortLeaseIntervals: one renewal and a half, so that the states
+// stop soon after the demand does; a lost Want then costs a gap of half a
+// renewal, which the states' staleness (stateStaleIntervals) covers.
 const (
-	wantRenewIntervals = 10
-	wantLeaseIntervals = 3 * wantRenewIntervals
+	wantRenewIntervals      = 10
+	wantLeaseIntervals      = 3 * wantRenewIntervals
+	wantShortLeaseIntervals = 3 * wantRenewIntervals / 2
 )
+
+// wantNudgeGapIntervals is how many StateIntervals at least pass between
+// two Wants of publishes that found no state fresh (decide's askStates):
+// a site that does not answer is not asked at every publish.
+const wantNudgeGapIntervals = 5
 
 // maxWantLease bounds the lease a Want obtains, whatever it asks.
 const maxWantLease = time.Minute
@@ -145,7 +156,9 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	s := stateSender{b: b, ch: ch, g: g, heartbeat: stateHeartbeatIntervals * interval}
-	var lastWant time.Time
+	// lastWant is the last Want of the demand under way (zero when
+	// there is none); lastAsk, the last Want at all.
+	var lastWant, lastAsk time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -198,11 +211,23 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			if err := s.send(ctx, now, "", true); err != nil {
 				return err
 			}
+		case <-g.wantNudge:
+			// A local publish waits in wq.<g> for states that are not
+			// fresh (this broker's publishes are too rare to keep a
+			// stream of them): ask now; the first to arrive dispatches it.
+			now := time.Now()
+			if !lastAsk.IsZero() && now.Sub(lastAsk) < wantNudgeGapIntervals*interval {
+				continue
+			}
+			if err := s.ask(ctx, now, wantShortLeaseIntervals*interval); err != nil {
+				return err
+			}
+			lastWant, lastAsk = now, now
 		case now := <-tick.C:
 			if err := s.send(ctx, now, "", false); err != nil {
 				return err
 			}
-			start, held := g.view.demandInputs(now, g.router, wantLeaseIntervals*interval)
+			start, held, sustained := g.view.demandInputs(now, g.router, wantLeaseIntervals*interval, wantShortLeaseIntervals*interval)
 			if !g.router.Demand(now, start, held) {
 				lastWant = time.Time{}
 				continue
@@ -210,21 +235,35 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			if !lastWant.IsZero() && now.Sub(lastWant) < wantRenewIntervals*interval {
 				continue
 			}
-			body, err := json.Marshal(wqroute.Want{Site: b.cfg.Site, Broker: b.cfg.BrokerID, LeaseMs: (wantLeaseIntervals * interval).Milliseconds()})
-			if err != nil {
-				return fmt.Errorf("encoding work-queue state request: %w", err)
+			lease := wantShortLeaseIntervals * interval
+			if sustained {
+				lease = wantLeaseIntervals * interval
 			}
-			err = ch.PublishWithContext(ctx, x, WantRoutingKey, false, false, amqp.Publishing{
-				ContentType: "application/json", DeliveryMode: amqp.Transient, Expiration: stateTTL,
-				Timestamp: now, AppId: "luffymq", Body: body, Headers: amqp.Table{HeaderOrigin: b.cfg.Site, HeaderBroker: b.cfg.BrokerID},
-			})
-			if err != nil {
-				return fmt.Errorf("asking for work-queue states on %s: %w", x, err)
+			if err := s.ask(ctx, now, lease); err != nil {
+				return err
 			}
-			b.stats.wqWantSent(g.name)
-			lastWant = now
+			lastWant, lastAsk = now, now
 		}
 	}
+}
+
+// ask publishes a Want for the other sites' states over lease.
+func (s *stateSender) ask(ctx context.Context, now time.Time, lease time.Duration) error {
+	b, g := s.b, s.g
+	x := RouteExchangeName(g.name)
+	body, err := json.Marshal(wqroute.Want{Site: b.cfg.Site, Broker: b.cfg.BrokerID, LeaseMs: lease.Milliseconds()})
+	if err != nil {
+		return fmt.Errorf("encoding work-queue state request: %w", err)
+	}
+	err = s.ch.PublishWithContext(ctx, x, WantRoutingKey, false, false, amqp.Publishing{
+		ContentType: "application/json", DeliveryMode: amqp.Transient, Expiration: stateTTL,
+		Timestamp: now, AppId: "luffymq", Body: body, Headers: amqp.Table{HeaderOrigin: b.cfg.Site, HeaderBroker: b.cfg.BrokerID},
+	})
+	if err != nil {
+		return fmt.Errorf("asking for work-queue states on %s: %w", x, err)
+	}
+	b.stats.wqWantSent(g.name)
+	return nil
 }
 
 // stateSender publishes one broker's states of a group: to the site's
@@ -258,8 +297,16 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 	st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now, b.stats.wqTakenFrom(g.name))
 	st.Unbooked = b.stats.wqSiblingsReclaimed(g.name) // for the siblings' routers
 	c := changeOf(st, taken)
-	if only == "" && c == s.last && now.Sub(s.lastSent) < s.heartbeat {
+	why := "change"
+	switch {
+	case only != "":
+		why = "lease"
+	case c == s.last && now.Sub(s.lastSent) < s.heartbeat:
 		return nil
+	case c == s.last:
+		why = "heartbeat"
+	case readyKnown:
+		why = "idle"
 	}
 	body, err := json.Marshal(st)
 	if err != nil {
@@ -280,7 +327,7 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 			return fmt.Errorf("publishing work-queue state on %s: %w", x, err)
 		}
 		if site != b.cfg.Site {
-			b.stats.wqStateSent(g.name, site)
+			b.stats.wqStateSent(g.name, site, why)
 		}
 	}
 	if only == "" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/luffymq/luffymq/bridge"
@@ -276,6 +277,42 @@ func TestWorkQueueRouting(t *testing.T) {
 		// site keeps up, none asks and no state crosses the WAN.
 		require.Positive(t, r.tunis.WantsSent)
 		require.Positive(t, r.brokers["berlin"].Bridge().WorkQueueStats()["rnear"].StatesTo["tunis"])
+		// The same counts reach Prometheus, by site and by reason.
+		berlinStates := r.brokers["berlin"].Bridge().WorkQueueStats()["rnear"]
+		sent := map[string]float64{}
+		reg := prometheus.NewPedanticRegistry()
+		require.NoError(t, reg.Register(r.brokers["berlin"].Bridge().Collector()))
+		require.NoError(t, reg.Register(r.brokers["tunis"].Bridge().Collector()))
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["queue"] != bridge.WorkQueueName("rnear") {
+					continue
+				}
+				switch mf.GetName() {
+				case "luffymq_bridge_wq_states_sent_total":
+					if labels["site"] == "berlin" && labels["to"] == "tunis" {
+						sent["to tunis"] = m.GetCounter().GetValue()
+					}
+				case "luffymq_bridge_wq_states_sent_by_reason_total":
+					if labels["site"] == "berlin" {
+						sent["by reason"] += m.GetCounter().GetValue()
+					}
+				case "luffymq_bridge_wq_state_requests_sent_total":
+					if labels["site"] == "tunis" {
+						sent["requests"] = m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		require.GreaterOrEqual(t, sent["to tunis"], float64(berlinStates.StatesTo["tunis"]), "luffymq_bridge_wq_states_sent_total{to=tunis}: %v", sent)
+		require.GreaterOrEqual(t, sent["by reason"], sent["to tunis"], "the states by reason count fewer than those to tunis: %v", sent)
+		require.Positive(t, sent["requests"], "luffymq_bridge_wq_state_requests_sent_total at tunis: %v", sent)
 		statesSent := func() (n uint64, wanted []string) {
 			for site, b := range r.brokers {
 				w := b.Bridge().WorkQueueStats()["rnear"]

@@ -75,16 +75,12 @@ func (r *Router) Demand(now time.Time, localStart time.Duration, held int) bool 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	want := held > 0
-	var least time.Duration
-	known := false
 	for _, s := range r.sites {
 		if s.outstanding() > 0 {
 			want = true
 		}
-		if s.nSample > 0 && (!known || s.delay < least) {
-			least, known = s.delay, true
-		}
 	}
+	least, _ := r.leastDelay()
 	want = want || localStart > least
 	switch {
 	case !want:
@@ -100,4 +96,22 @@ func (r *Router) Wanting() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return !r.wantSince.IsZero()
+}
+
+// LeastDelay is the least one-way delay to another site that the Router
+// has heard a state from; known is false when it has heard none.
+func (r *Router) LeastDelay() (least time.Duration, known bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.leastDelay()
+}
+
+// leastDelay is LeastDelay; r.mu is held.
+func (r *Router) leastDelay() (least time.Duration, known bool) {
+	for _, s := range r.sites {
+		if s.nSample > 0 && (!known || s.delay < least) {
+			least, known = s.delay, true
+		}
+	}
+	return least, known
 }
