@@ -1,14 +1,17 @@
 package sites
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -560,14 +563,105 @@ func getJSON(ctx context.Context, url string, auth bool, v any) error {
 type siteBroker struct {
 	*harness.Process
 	site string
+	// httpAddr serves its /metrics.
+	httpAddr string
+}
+
+// stateTraffic is what a site's brokers sent of the work-queue state
+// exchange (--wq-route nearest): states to other sites, and requests for
+// states (each one federated to every other site). StatesTo splits the
+// states by the site they went to.
+type stateTraffic struct {
+	States, Requests int64
+	StatesTo         map[string]int64
+	// StatesWhy splits the states by why they were sent.
+	StatesWhy map[string]int64
+}
+
+// stateTraffic reads b's luffymq_bridge_wq_states_sent_total and
+// luffymq_bridge_wq_state_requests_sent_total.
+func (b *siteBroker) stateTraffic(ctx context.Context) (stateTraffic, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.httpAddr+"/metrics", nil)
+	if err != nil {
+		return stateTraffic{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return stateTraffic{}, fmt.Errorf("reading %s's metrics: %w", b.site, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return stateTraffic{}, fmt.Errorf("reading %s's metrics: %s", b.site, resp.Status)
+	}
+	return parseStateTraffic(resp.Body)
+}
+
+// toLabel and reasonLabel find a sample's to="..." and reason="..."
+// labels.
+var (
+	toLabel     = regexp.MustCompile(`[{,]to="([^"]*)"`)
+	reasonLabel = regexp.MustCompile(`[{,]reason="([^"]*)"`)
+)
+
+// parseStateTraffic sums the state counters in Prometheus text.
+func parseStateTraffic(r io.Reader) (stateTraffic, error) {
+	t := stateTraffic{StatesTo: map[string]int64{}, StatesWhy: map[string]int64{}}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		name, _, _ := strings.Cut(line, "{")
+		if name != "luffymq_bridge_wq_states_sent_total" && name != "luffymq_bridge_wq_state_requests_sent_total" && name != "luffymq_bridge_wq_states_sent_by_reason_total" {
+			continue
+		}
+		_, value, ok := strings.Cut(line, "} ")
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if !ok || err != nil {
+			return t, fmt.Errorf("metric line %q: not a sample", line)
+		}
+		switch name {
+		case "luffymq_bridge_wq_state_requests_sent_total":
+			t.Requests += int64(v)
+		case "luffymq_bridge_wq_states_sent_by_reason_total":
+			if m := reasonLabel.FindStringSubmatch(line); m != nil {
+				t.StatesWhy[m[1]] += int64(v)
+			}
+		default:
+			t.States += int64(v)
+			if m := toLabel.FindStringSubmatch(line); m != nil {
+				t.StatesTo[m[1]] += int64(v)
+			}
+		}
+	}
+	return t, sc.Err()
+}
+
+// stateTrafficOf reads the state traffic of brokers, by the site of each.
+func stateTrafficOf(ctx context.Context, brokers []*siteBroker) (map[string]stateTraffic, error) {
+	out := map[string]stateTraffic{}
+	for _, b := range brokers {
+		t, err := b.stateTraffic(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out[b.site] = t
+	}
+	return out, nil
 }
 
 // startSiteBroker starts luffymq for site with the bridge on the site's
 // node and extra flags.
 func (e *sitesEnv) startSiteBroker(ctx context.Context, site, logName string, extra ...string) (*siteBroker, error) {
 	n := e.node(site)
+	var httpAddr string
 	p, err := harness.StartProcess(ctx, e.luffymq, filepath.Join(e.logDir, logName+"."+site+".broker.log"), func(addr string) ([]string, error) {
-		args := []string{"--listen", addr, "--http", "", "--log-level", brokerLogLevel(),
+		var err error
+		if httpAddr, err = harness.FreeAddr(); err != nil {
+			return nil, err
+		}
+		args := []string{"--listen", addr, "--http", httpAddr, "--log-level", brokerLogLevel(),
 			"--amqp-url", n.AMQPURL(), "--amqp-management-url", n.ManagementURL(), "--site", site}
 		args = append(args, e.brokerFlags...)
 		return append(args, extra...), nil
@@ -575,7 +669,7 @@ func (e *sitesEnv) startSiteBroker(ctx context.Context, site, logName string, ex
 	if err != nil {
 		return nil, fmt.Errorf("luffymq at %s: %w", site, err)
 	}
-	return &siteBroker{Process: p, site: site}, nil
+	return &siteBroker{Process: p, site: site, httpAddr: httpAddr}, nil
 }
 
 // brokerLogLevel is the luffymq log level: LUFFY_BENCH_SITES_LOG_LEVEL,

@@ -144,6 +144,10 @@ type SitesMatrixRun struct {
 	Duplicated   int     `json:"duplicated"`
 	// WANMessages counts the messages the sites sent each other.
 	WANMessages int64 `json:"wan_messages"`
+	// StatesSent and StateRequestsSent are luffymq's group states sent to
+	// other sites and its requests for states (SitesRun's).
+	StatesSent        int64 `json:"states_sent,omitempty"`
+	StateRequestsSent int64 `json:"state_requests_sent,omitempty"`
 	// OracleMeanMs is the oracle's mean on this run's publishes.
 	OracleMeanMs float64 `json:"oracle_mean_ms"`
 	Error        string  `json:"error,omitempty"`
@@ -196,7 +200,8 @@ func (res *SitesMatrixResults) finite() *SitesMatrixResults {
 // matrixRunOf extracts one architecture's figures from a run.
 func matrixRunOf(r SitesRun) SitesMatrixRun {
 	m := SitesMatrixRun{Architecture: r.Architecture, MeanMs: r.Latency.Mean, P50Ms: r.Latency.P50, P99Ms: r.Latency.P99,
-		Published: r.Published, Lost: r.Lost, Duplicated: r.Duplicated, OracleMeanMs: math.NaN(), Error: firstLine(r.Error)}
+		Published: r.Published, Lost: r.Lost, Duplicated: r.Duplicated, OracleMeanMs: math.NaN(), Error: firstLine(r.Error),
+		StatesSent: r.StatesSent, StateRequestsSent: r.StateRequestsSent}
 	if !measured(&r) {
 		m.MeanMs, m.P50Ms, m.P99Ms = math.NaN(), math.NaN(), math.NaN()
 	}
@@ -450,6 +455,7 @@ func sitesMatrixMarkdown(res *SitesMatrixResults) string {
 			}
 			fmt.Fprintf(&b, " %s | %s |\n", oracle[0], strings.Join(wans, " / "))
 		}
+		b.WriteString(stateTrafficTable(res, sc))
 		fmt.Fprintf(&b, "\nGoals of issue 22 for **%s** (medians of paired ratios):\n\n| topology | scale |", cfg.Primary)
 		var names []string
 		for _, c := range res.Cells {
@@ -604,4 +610,43 @@ func topologyNames(ts []SitesTopology) string {
 func MatrixMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err := sitesMatrixCommand(ctx, args, stdout, stderr)
 	return harness.ExitCode(err, stderr)
+}
+
+// stateTrafficTable splits the WAN messages of the primary architecture
+// in scenario's cells into group states, requests for states (each
+// delivered to every other site) and the rest, the work itself (medians
+// over the runs); empty when no run counted any state traffic.
+func stateTrafficTable(res *SitesMatrixResults, scenario string) string {
+	var b strings.Builder
+	primary := res.Config.Primary
+	for _, c := range res.Cells {
+		if c.Scenario != scenario {
+			continue
+		}
+		sites := 0
+		for _, t := range res.Config.Topologies {
+			if t.Name == c.Topology {
+				sites = len(t.Sites)
+			}
+		}
+		var wan, states, requests []float64
+		for _, rep := range c.Runs {
+			for _, r := range rep {
+				if r.Architecture == primary && !math.IsNaN(r.MeanMs) && (r.StatesSent > 0 || r.StateRequestsSent > 0) {
+					wan = append(wan, float64(r.WANMessages))
+					states = append(states, float64(r.StatesSent))
+					requests = append(requests, float64(r.StateRequestsSent*int64(max(sites-1, 0))))
+				}
+			}
+		}
+		if len(wan) == 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			fmt.Fprintf(&b, "\nWhat **%s**'s WAN messages are (medians over the runs): group states sent to other sites, requests for states (each federated to every other site), and the rest, the work itself.\n\n| topology | scale | WAN messages | states | requests for states | work |\n|---|---|---|---|---|---|\n", primary)
+		}
+		w, st, rq := harness.Median(wan), harness.Median(states), harness.Median(requests)
+		fmt.Fprintf(&b, "| %s | %s× | %.0f | %.0f | %.0f | %.0f |\n", c.Topology, harness.TrimFloat(c.Scale), w, st, rq, max(w-st-rq, 0))
+	}
+	return b.String()
 }

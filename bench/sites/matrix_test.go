@@ -155,3 +155,43 @@ func TestDefaultSitesMatrixCells(t *testing.T) {
 		}
 	}
 }
+
+// The state traffic is read from luffymq's /metrics, summed over labels;
+// a sample that does not parse is an error, not a zero.
+func TestParseStateTraffic(t *testing.T) {
+	text := `# HELP luffymq_bridge_wq_states_sent_total Group states ...
+# TYPE luffymq_bridge_wq_states_sent_total counter
+luffymq_bridge_wq_states_sent_total{queue="wq.jobs",site="tunis",to="berlin"} 12
+luffymq_bridge_wq_states_sent_total{queue="wq.jobs",site="tunis",to="tokyo"} 30
+luffymq_bridge_wq_state_requests_sent_total{queue="wq.jobs",site="tunis"} 7
+luffymq_bridge_wq_states_sent_by_reason_total{queue="wq.jobs",reason="heartbeat",site="tunis"} 40
+luffymq_bridge_wq_states_sent_by_reason_total{queue="wq.jobs",reason="lease",site="tunis"} 2
+luffymq_bridge_wq_routed_total{queue="wq.jobs",site="tunis",to="berlin"} 99
+`
+	got, err := parseStateTraffic(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.States != 42 || got.Requests != 7 || got.StatesTo["berlin"] != 12 || got.StatesTo["tokyo"] != 30 || got.StatesWhy["heartbeat"] != 40 || got.StatesWhy["lease"] != 2 {
+		t.Errorf("got %+v, want 42 states and 7 requests", got)
+	}
+	if _, err := parseStateTraffic(strings.NewReader(`luffymq_bridge_wq_states_sent_total{to="x"} many` + "\n")); err == nil {
+		t.Error("a malformed sample parsed")
+	}
+}
+
+// The matrix splits the primary's WAN messages into states, requests
+// (times the other sites each reaches) and work.
+func TestStateTrafficTable(t *testing.T) {
+	res := &SitesMatrixResults{Config: SitesMatrixConfig{Primary: ArchLuffyMQ, Topologies: []SitesTopology{{Name: "t", Sites: []string{"a", "b", "c", "d"}}}}}
+	lm := matrixRun(ArchLuffyMQ, 50, 200, 500, 40)
+	lm.StatesSent, lm.StateRequestsSent = 300, 50
+	res.Cells = []SitesMatrixCell{{Topology: "t", Scale: 1, Scenario: SitesWQBalanced, Runs: [][]SitesMatrixRun{{lm, matrixRun(ArchQueueFederation, 100, 400, 300, 40)}}}}
+	got := stateTrafficTable(res, SitesWQBalanced)
+	if !strings.Contains(got, "| t | 1× | 500 | 300 | 150 | 50 |") {
+		t.Errorf("table:\n%s\nwant the row | t | 1× | 500 | 300 | 150 | 50 |", got)
+	}
+	if stateTrafficTable(res, SitesWQLocal) != "" {
+		t.Error("a scenario without runs got a table")
+	}
+}

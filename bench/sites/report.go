@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -304,6 +305,24 @@ func writeSitesScenario(b *strings.Builder, res *SitesResults, sc, dir string) {
 		}
 		if r.Remote > 0 && isWorkQueue(sc) {
 			lines = append(lines, fmt.Sprintf("processed away from the publishing site: %d (mean %s ms, local mean %s ms)", r.Remote, harness.FmtMs(r.RemoteLatency.Mean), harness.FmtMs(r.LocalLatency.Mean)))
+		}
+		if r.StatesSent > 0 || r.StateRequestsSent > 0 {
+			lines = append(lines, fmt.Sprintf("of its overlay messages, %d are group states sent to other sites and %d requests for states, each federated to every other site (%d deliveries)",
+				r.StatesSent, r.StateRequestsSent, r.StateRequestsSent*int64(len(r.Overlay)-1)))
+			flows := slices.Sorted(maps.Keys(r.StateFlows))
+			for i, f := range flows {
+				flows[i] = fmt.Sprintf("%s %d", f, r.StateFlows[f])
+			}
+			if len(flows) > 0 {
+				lines = append(lines, "states by flow: "+strings.Join(flows, ", "))
+			}
+			reasons := slices.Sorted(maps.Keys(r.StateReasons))
+			for i, why := range reasons {
+				reasons[i] = fmt.Sprintf("%s %d", why, r.StateReasons[why])
+			}
+			if len(reasons) > 0 {
+				lines = append(lines, "states by reason: "+strings.Join(reasons, ", "))
+			}
 		}
 		if r.Oracle != nil && r.Architecture == ArchLuffyMQ {
 			lines = append(lines, fmt.Sprintf("the oracle on the same publishes (each message, in publish order, to the consumer that can start it first; network delays only, every consumer's state known at once): mean %s ms, p50 %s ms, p99 %s ms", harness.FmtMs(r.Oracle.Mean), harness.FmtMs(r.Oracle.P50), harness.FmtMs(r.Oracle.P99)))

@@ -409,10 +409,12 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 	addPublisher := func(i int, dial func() (sitesPublisher, error)) { dl.addPublisher(pubs, i, dial) }
 	setupBegan := time.Now()
 	cloud := -1
+	var siteBrokers []*siteBroker // luffymq's, whose state traffic is counted
 	switch run.Architecture {
 	case ArchLuffyMQ, ArchLuffyMQRing, ArchLuffyMQNearest, ArchLuffyMQTTLOnly:
 		share := "$share/" + wqGroup + "/" + wqGroup + "/#"
 		brokers := make([]*siteBroker, n)
+		siteBrokers = brokers
 		args := []string{"--export-group", share}
 		switch run.Architecture {
 		case ArchLuffyMQTTLOnly:
@@ -545,6 +547,13 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 		return err
 	}
 
+	var traffic0 map[string]stateTraffic
+	if siteBrokers != nil {
+		var err error
+		if traffic0, err = stateTrafficOf(ctx, siteBrokers); err != nil {
+			return err
+		}
+	}
 	arrivals := w.Arrivals(r.cfg.Seed)
 	m := r.publishAll(ctx, drainQuiet, len(arrivals), func(i int) time.Duration { return arrivals[i].At },
 		func(i int) (sitesPublisher, uint64, sitesExpectation) {
@@ -552,6 +561,28 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 			return pubs[a.Site], sitesMsgID(false, a.Site, a.Seq), sitesExpectation{Origin: a.Site}
 		}, ledger, rec, func(owed map[uint64]sitesExpectation) int { return len(owed) }, nil, r.env.workQueueBacklog)
 	r.fill(run, m, dl.receiverSite, cloud)
+	if siteBrokers != nil {
+		traffic1, err := stateTrafficOf(ctx, siteBrokers)
+		if err != nil {
+			return err
+		}
+		run.StateFlows, run.StateReasons = map[string]int64{}, map[string]int64{}
+		for site, t1 := range traffic1 {
+			t0 := traffic0[site]
+			run.StatesSent += t1.States - t0.States
+			run.StateRequestsSent += t1.Requests - t0.Requests
+			for to, n := range t1.StatesTo {
+				if d := n - t0.StatesTo[to]; d > 0 {
+					run.StateFlows[site+" → "+to] = d
+				}
+			}
+			for why, n := range t1.StatesWhy {
+				if d := n - t0.StatesWhy[why]; d > 0 {
+					run.StateReasons[why] += d
+				}
+			}
+		}
+	}
 	run.Oracle = r.wqOracleLatency(w, m)
 	if r.cfg.Trace {
 		if err := writeWQTrace(filepath.Join(r.cfg.Out, "trace-"+logName(run)+".csv"), w.Sites, m, dl.receiverSite); err != nil {

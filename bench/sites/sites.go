@@ -342,6 +342,17 @@ type SitesRun struct {
 	Quantiles []float64     `json:"quantiles_ms,omitempty"`
 	OverTime  []SitesWindow `json:"over_time,omitempty"`
 	Overlay   []SiteOverlay `json:"overlay"`
+	// StatesSent and StateRequestsSent count, for luffymq's work queues,
+	// the group states its brokers sent to other sites and their requests
+	// for states (federation carries each request to every other site)
+	// while the run published and drained: the part of the overlay
+	// messages that is not work.
+	StatesSent        int64 `json:"states_sent,omitempty"`
+	StateRequestsSent int64 `json:"state_requests_sent,omitempty"`
+	// StateFlows splits StatesSent by "from → to" site; StateReasons, by
+	// why they were sent (change, idle, heartbeat, lease).
+	StateFlows   map[string]int64 `json:"state_flows,omitempty"`
+	StateReasons map[string]int64 `json:"state_reasons,omitempty"`
 	// PublisherLagMaxMs is the longest a publication left after its
 	// scheduled time.
 	PublisherLagMaxMs float64               `json:"publisher_lag_max_ms"`
