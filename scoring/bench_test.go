@@ -151,3 +151,30 @@ func TestQoSFlowBookkeepingDoesNotAllocate(t *testing.T) {
 	})
 	require.Zero(t, allocs)
 }
+
+// BenchmarkSelectMemberSystemClock is BenchmarkSelectMember's adaptive
+// case on the wall clock (the broker's), which reads the time once per
+// selection.
+func BenchmarkSelectMemberSystemClock(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run(fmt.Sprintf("adaptive/%d", size), func(b *testing.B) {
+			e, err := scoring.NewEngine(scoring.Config{Strategy: "adaptive"})
+			require.NoError(b, err)
+			for i := 0; i < size; i++ {
+				id := fmt.Sprintf("member-%04d", i)
+				e.Connect(id)
+				e.Join(testGroup, id)
+				if i%3 != 2 {
+					e.Report(id, scoring.Load{Pending: i % 4, ProcessingTime: time.Duration(1+i%5) * time.Millisecond})
+				}
+			}
+			msg := scoring.Message{PublisherID: "sensor", Topic: "site/temp"}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, ok := e.SelectMember(testGroup, msg); !ok {
+					b.Fatal("no member selected")
+				}
+			}
+		})
+	}
+}
