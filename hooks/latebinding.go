@@ -74,10 +74,10 @@ type lateBinder struct {
 	delivered bool
 }
 
-// lateBindingOn reports whether the engine may advise holding.
-func (h *SelectionHook) lateBindingOn() bool {
-	return h.cfg.Engine.Config().HoldLead > 0
-}
+// lateBindingOn reports whether the engine may advise holding: its
+// HoldLead, fixed when it was made, read once by NewSelectionHook (Config
+// copies the whole configuration, on every message otherwise).
+func (h *SelectionHook) lateBindingOn() bool { return h.holdLead }
 
 // holdOrSelect handles one matched group of a publish: it selects the
 // receiving member, or holds the message (and returns false) when the

@@ -151,6 +151,7 @@ type SelectionHook struct {
 	mqtt.HookBase
 	cfg          SelectionConfig
 	intervalProp packets.UserProperty
+	holdLead     bool // the engine does late binding (see lateBindingOn)
 
 	conns sync.Map // *mqtt.Client → *connState, one per live connection
 
@@ -190,7 +191,8 @@ func NewSelectionHook(cfg SelectionConfig) (*SelectionHook, error) {
 			Key: report.ReportIntervalProperty,
 			Val: strconv.FormatInt(cfg.ReportInterval.Milliseconds(), 10),
 		},
-		late: newLateBinder(),
+		holdLead: cfg.Engine.Config().HoldLead > 0,
+		late:     newLateBinder(),
 	}, nil
 }
 
