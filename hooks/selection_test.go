@@ -248,3 +248,59 @@ func TestDeliveryOrderOnlyForSessionsThatResume(t *testing.T) {
 	// The in-flight count does not depend on it.
 	require.Equal(t, 1, f.inflight(t, "clean"))
 }
+
+// TestSelectedMemberJoinsTheRecipientsAsMochiMergesIt: the recipients the
+// hook leaves (Mochi selecting and merging what is left after it) are
+// exactly those of Mochi merging the hook's choice from SharedSelected:
+// for one matched group, which the hook merges itself, with and without a
+// plain subscription of the same client, and for two.
+func TestSelectedMemberJoinsTheRecipientsAsMochiMergesIt(t *testing.T) {
+	f := newHookFixture(t)
+	f.connect(t, "m1", "$share/g/t", "$share/h/t")
+	shared := func(filter string, id int) packets.Subscription {
+		return packets.Subscription{Filter: filter, ShareName: []string{"g"}, Qos: 1, Identifier: id}
+	}
+	for _, tc := range []struct {
+		name   string
+		groups []string
+		plain  bool
+	}{
+		{"one group", []string{"$share/g/t"}, false},
+		{"one group and a plain subscription", []string{"$share/g/t"}, true},
+		{"two groups and a plain subscription", []string{"$share/g/t", "$share/h/t"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			build := func() *mqtt.Subscribers {
+				subs := &mqtt.Subscribers{
+					Shared:              map[string]map[string]packets.Subscription{},
+					SharedSelected:      map[string]packets.Subscription{},
+					Subscriptions:       map[string]packets.Subscription{"other": {Filter: "t"}},
+					InlineSubscriptions: map[int]mqtt.InlineSubscription{},
+				}
+				for i, g := range tc.groups {
+					subs.Shared[g] = map[string]packets.Subscription{"m1": shared(g, 7+i)}
+				}
+				if tc.plain {
+					subs.Subscriptions["m1"] = packets.Subscription{Filter: "t", Identifier: 3}
+				}
+				return subs
+			}
+			want := build() // Mochi merging the selection from SharedSelected
+			for _, g := range tc.groups {
+				sub := want.Shared[g]["m1"]
+				if prev, ok := want.SharedSelected["m1"]; ok {
+					sub = prev.Merge(sub)
+				}
+				want.SharedSelected["m1"] = sub
+			}
+			want.MergeSharedSelected()
+
+			got := f.hook.OnSelectSubscribers(build(), packets.Packet{TopicName: "t"})
+			if len(got.SharedSelected) == 0 { // what Mochi does after the hooks
+				got.SelectShared()
+			}
+			got.MergeSharedSelected()
+			require.Equal(t, want.Subscriptions, got.Subscriptions)
+		})
+	}
+}
