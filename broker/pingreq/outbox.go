@@ -265,10 +265,11 @@ func (c *Conn) runWriter() {
 		batch := o.pending
 		o.pending, o.spare = o.spare[:0], nil
 		o.writing = len(batch)
-		o.progress.Store(time.Now().UnixNano())
+		now := time.Now()
+		o.progress.Store(now.UnixNano())
 		o.mu.Unlock()
 
-		err := c.send(batch)
+		err := c.send(batch, now)
 
 		o.mu.Lock()
 		o.writing = 0
@@ -281,10 +282,16 @@ func (c *Conn) runWriter() {
 	}
 }
 
-// send writes batch to the socket, renewing the write deadline while
-// bytes go out: only a client that accepts nothing for the whole timeout
-// fails.
-func (c *Conn) send(batch []byte) error {
+// send writes batch, taken at now, to the socket, renewing the write
+// deadline while bytes go out: only a client that accepts nothing for the
+// whole timeout fails.
+//
+// The clock is read once for a batch that goes out in one write (most
+// do): the first deadline counts from when the batch was taken, and a
+// write that sends the rest of the batch records no progress, since the
+// writer is done with it (Draining looks at progress only while a batch
+// is being sent, and the writer stores it again for the next one).
+func (c *Conn) send(batch []byte, now time.Time) error {
 	o := &c.out
 	for len(batch) > 0 {
 		o.mu.Lock()
@@ -294,15 +301,18 @@ func (c *Conn) send(batch []byte) error {
 		}
 		var deadline time.Time
 		if timeout > 0 {
-			deadline = time.Now().Add(timeout)
+			deadline = now.Add(timeout)
 		}
 		_ = c.Conn.SetWriteDeadline(deadline)
 		o.mu.Unlock()
 
 		n, err := c.Conn.Write(batch[:min(len(batch), writeChunk)])
 		batch = batch[n:]
-		if n > 0 {
-			o.progress.Store(time.Now().UnixNano())
+		if len(batch) > 0 {
+			now = time.Now() // the next write's deadline counts from here
+			if n > 0 {
+				o.progress.Store(now.UnixNano())
+			}
 		}
 		if err == nil {
 			continue
