@@ -553,16 +553,16 @@ func (h *SelectionHook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64
 // shared-group member, is a completion the engine learns from.
 func (h *SelectionHook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 	switch pk.FixedHeader.Type {
-	case packets.Puback:
-		if st := h.lookup(cl); st != nil && st.inboundAck.CompareAndSwap(uint32(pk.PacketID)+1, 0) {
-			return // the broker acknowledged the client's own publish
-		}
-	case packets.Pubcomp:
+	case packets.Puback, packets.Pubcomp:
 	default:
 		return // PUBREL: the client's own QoS 2 publish completed
 	}
+	st := h.lookup(cl) // once: every QoS 1 message comes here twice or more
+	if pk.FixedHeader.Type == packets.Puback && st != nil && st.inboundAck.CompareAndSwap(uint32(pk.PacketID)+1, 0) {
+		return // the broker acknowledged the client's own publish
+	}
 	h.cfg.DeliveryOrder.Ended(cl.ID, pk.PacketID)
-	h.deliveryEnded(cl, true)
+	h.deliveryEnded(cl, st, true)
 }
 
 // OnQosDropped handles a delivery that ended without acknowledgement: the
@@ -577,7 +577,7 @@ func (h *SelectionHook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 	switch pk.FixedHeader.Type {
 	case packets.Pubrec, packets.Publish:
 		h.cfg.DeliveryOrder.Ended(cl.ID, pk.PacketID)
-		h.deliveryEnded(cl, false)
+		h.deliveryEnded(cl, h.lookup(cl), false)
 	case 0: // expired while the client was offline: no connection
 		h.cfg.DeliveryOrder.Ended(cl.ID, pk.PacketID)
 		h.cfg.Engine.InFlightDropped(cl.ID)
@@ -585,12 +585,13 @@ func (h *SelectionHook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 }
 
 // deliveryEnded frees the client's place under its Receive Maximum and
-// tells the engine, for a shared-group member.
-func (h *SelectionHook) deliveryEnded(cl *mqtt.Client, acknowledged bool) {
+// tells the engine, for a shared-group member; st is the client's state
+// (nil once the connection is gone).
+func (h *SelectionHook) deliveryEnded(cl *mqtt.Client, st *connState, acknowledged bool) {
 	if q, ok := cl.Net.Conn.(ReceiveQuota); ok {
 		_ = q.ReleaseDelivery() // a failed write ends the connection anyway
 	}
-	if !h.lookup(cl).isMember() {
+	if !st.isMember() {
 		return
 	}
 	if acknowledged {
