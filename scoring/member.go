@@ -46,6 +46,9 @@ type durationWindow struct {
 	weights [reportWindow]int
 	count   int
 	next    int
+	// avg is mean's value, computed when a value is pushed or replaced:
+	// selections read it for every candidate.
+	avg time.Duration
 }
 
 // push adds d with weight 1.
@@ -59,6 +62,7 @@ func (w *durationWindow) pushWeighted(d time.Duration, weight int) {
 	if w.count < reportWindow {
 		w.count++
 	}
+	w.avg = w.weightedMean()
 }
 
 // replaceLast replaces the most recently pushed value, keeping its weight.
@@ -68,9 +72,13 @@ func (w *durationWindow) replaceLast(d time.Duration) {
 		return
 	}
 	w.values[(w.next+reportWindow-1)%reportWindow] = d
+	w.avg = w.weightedMean()
 }
 
-func (w *durationWindow) mean() time.Duration {
+// mean is the weighted mean of the values (0 while there are none).
+func (w *durationWindow) mean() time.Duration { return w.avg }
+
+func (w *durationWindow) weightedMean() time.Duration {
 	if w.count == 0 {
 		return 0
 	}
