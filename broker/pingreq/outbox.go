@@ -221,7 +221,7 @@ func (c *Conn) enqueueOut(p []byte, qos0 bool) error {
 		_ = c.Conn.Close()
 		return err
 	}
-	o.pending = append(o.pending, p...)
+	o.pending = appendOut(o.pending, p)
 	if !o.running {
 		o.running = true
 		go c.runWriter()
@@ -248,12 +248,15 @@ func (c *Conn) runWriter() {
 			// next write appends to, and the one writes append to while
 			// the writer sends the first), so that a connection given a
 			// few messages at a time does not allocate for each burst;
-			// let large ones go, so one burst does not pin its memory.
+			// let large ones go, so one burst does not pin its memory
+			// (to the pools the next burst takes them from; bufpool.go).
 			o.running = false
 			if cap(o.pending) > idleBuffer {
+				putBuffer(o.pending)
 				o.pending = nil
 			}
 			if cap(o.spare) > idleBuffer {
+				putBuffer(o.spare)
 				o.spare = nil
 			}
 			if cap(o.pending) == 0 {
