@@ -259,9 +259,10 @@ func (h *SelectionHook) releaseTo(filter string, pk packets.Packet) {
 }
 
 // restrictToLateBoundGroup narrows the subscribers of a held message being
-// handed over to its group. It reports whether subs is such a message's.
-func (h *SelectionHook) restrictToLateBoundGroup(subs *mqtt.Subscribers, pk packets.Packet) bool {
-	if pk.Origin != LateBindingOrigin {
+// handed over to its group. It reports whether subs is such a message's,
+// from the message's origin.
+func (h *SelectionHook) restrictToLateBoundGroup(subs *mqtt.Subscribers, origin string) bool {
+	if origin != LateBindingOrigin {
 		return false
 	}
 	// Called on the injecting goroutine, which holds injectMu.

@@ -225,9 +225,10 @@ func (h *SelectionHook) hasOtherMember(group, exclude, topic string) bool {
 
 // restrictToRedispatchGroup narrows the subscribers of a message being
 // re-dispatched to its group, without the departed member. It reports
-// whether subs is such a message's.
-func (h *SelectionHook) restrictToRedispatchGroup(subs *mqtt.Subscribers, pk packets.Packet) bool {
-	if pk.Origin != RedispatchOrigin {
+// whether subs is such a message's, from the message's origin (not the
+// whole packet, 800 bytes to copy on every message).
+func (h *SelectionHook) restrictToRedispatchGroup(subs *mqtt.Subscribers, origin string) bool {
+	if origin != RedispatchOrigin {
 		return false
 	}
 	// Called on the injecting goroutine, which holds r.mu.

@@ -480,8 +480,8 @@ func (h *SelectionHook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packe
 // entry, which cost an allocation of its storage (about 800 bytes) and a
 // pass over it per message.
 func (h *SelectionHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
-	redispatched := h.restrictToRedispatchGroup(subs, pk)
-	lateBound := h.restrictToLateBoundGroup(subs, pk)
+	redispatched := h.restrictToRedispatchGroup(subs, pk.Origin)
+	lateBound := h.restrictToLateBoundGroup(subs, pk.Origin)
 	mayHold := !redispatched && !lateBound && h.lateBindingOn()
 	msg := scoringMessage(pk)
 	merged := len(subs.Shared) == 1 && len(subs.SharedSelected) == 0 && subs.Subscriptions != nil

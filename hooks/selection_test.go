@@ -90,7 +90,7 @@ type hookFixture struct {
 	hook   *hooks.SelectionHook
 }
 
-func newHookFixture(t *testing.T) *hookFixture {
+func newHookFixture(t testing.TB) *hookFixture {
 	t.Helper()
 	srv := mqtt.New(&mqtt.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	eng, err := scoring.NewEngine(scoring.Config{Strategy: "adaptive"})
@@ -103,7 +103,7 @@ func newHookFixture(t *testing.T) *hookFixture {
 
 // connect makes a client as Mochi would for a new connection and
 // establishes its session, subscribed to the given filters.
-func (f *hookFixture) connect(t *testing.T, id string, filters ...string) *mqtt.Client {
+func (f *hookFixture) connect(t testing.TB, id string, filters ...string) *mqtt.Client {
 	t.Helper()
 	server, client := net.Pipe()
 	t.Cleanup(func() { _ = server.Close(); _ = client.Close() })
@@ -302,5 +302,32 @@ func TestSelectedMemberJoinsTheRecipientsAsMochiMergesIt(t *testing.T) {
 			got.MergeSharedSelected()
 			require.Equal(t, want.Subscriptions, got.Subscriptions)
 		})
+	}
+}
+
+// BenchmarkOnSelectSubscribers is the selection hook's part of a message
+// to a shared group of 3: picking the member (the engine's selection
+// included) and adding it to the recipients.
+func BenchmarkOnSelectSubscribers(b *testing.B) {
+	f := newHookFixture(b)
+	const filter = "$share/g/t"
+	members := map[string]packets.Subscription{}
+	for _, id := range []string{"m1", "m2", "m3"} {
+		f.connect(b, id, filter)
+		members[id] = packets.Subscription{Filter: filter, ShareName: []string{"g"}, Qos: 0}
+	}
+	subs := &mqtt.Subscribers{
+		Shared:              map[string]map[string]packets.Subscription{},
+		SharedSelected:      map[string]packets.Subscription{},
+		Subscriptions:       map[string]packets.Subscription{},
+		InlineSubscriptions: map[int]mqtt.InlineSubscription{},
+	}
+	pk := packets.Packet{TopicName: "t", Origin: "pub", FixedHeader: packets.FixedHeader{Type: packets.Publish}}
+	b.ReportAllocs()
+	for b.Loop() {
+		subs.Shared[filter] = members // as Mochi's index gives it
+		clear(subs.Subscriptions)
+		clear(subs.SharedSelected)
+		f.hook.OnSelectSubscribers(subs, pk)
 	}
 }
