@@ -155,7 +155,7 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 	interval := b.cfg.WorkQueue.StateInterval
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	s := stateSender{b: b, ch: ch, g: g, heartbeat: stateHeartbeatIntervals * interval}
+	s := stateSender{b: b, ch: ch, g: g, heartbeat: stateHeartbeatIntervals * interval, interval: interval}
 	// lastWant is the last Want of the demand under way (zero when
 	// there is none); lastAsk, the last Want at all.
 	var lastWant, lastAsk time.Time
@@ -227,6 +227,12 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			if err := s.send(ctx, now, "", false); err != nil {
 				return err
 			}
+			// Held messages are weighed again as time passes, not only
+			// when a state arrives: a member another site's router sees
+			// freeing on time sends no state to say so (Extrapolates).
+			if err := b.dispatchHeld(ctx, dch, g); err != nil {
+				return err
+			}
 			start, held, sustained := g.view.demandInputs(now, g.router, wantLeaseIntervals*interval, wantShortLeaseIntervals*interval)
 			if !g.router.Demand(now, start, held) {
 				lastWant = time.Time{}
@@ -273,10 +279,22 @@ type stateSender struct {
 	ch        *amqp.Channel
 	g         *workGroup
 	heartbeat time.Duration
-	leases    wqroute.Leases
-	holders   []string
-	last      stateChange
-	lastSent  time.Time
+	// tolerance bounds how far the members' waits may stray from what a
+	// lease holder's router predicts before it is told (0: tell it every
+	// change; wqroute.ExtrapolationTolerance of the state interval).
+	interval time.Duration
+	leases   wqroute.Leases
+	holders  []string
+	last     stateChange
+	lastSent time.Time
+	// sentTo is, by lease holder, the last state sent to it and when.
+	sentTo map[string]sentState
+}
+
+// sentState is a state sent to one lease holder.
+type sentState struct {
+	st wqroute.State
+	at time.Time
 }
 
 // send publishes the state as of now, if it changed or a heartbeat is
@@ -317,7 +335,18 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 	if only != "" {
 		s.holders = append(s.holders[:0], only)
 	}
+	tolerance := wqroute.ExtrapolationTolerance(st.Members, s.interval)
 	for _, site := range s.holders {
+		if site != b.cfg.Site && (why == "change" || why == "idle") && s.interval > 0 {
+			// What a lease holder's router works out for itself (its own
+			// messages taken as it predicted, waits run down) is not
+			// sent: a busy site would otherwise hear of every message
+			// its members take. A heartbeat still goes out when a
+			// holder has heard nothing for one.
+			if prev, ok := s.sentTo[site]; ok && now.Sub(prev.at) < s.heartbeat && wqroute.Extrapolates(prev.st, st, site, tolerance) {
+				continue
+			}
+		}
 		err = s.ch.PublishWithContext(ctx, x, StateRoutingKey(site), false, false, amqp.Publishing{
 			ContentType: "application/json", DeliveryMode: amqp.Transient, Expiration: stateTTL,
 			Timestamp: now, AppId: "luffymq", Body: body,
@@ -327,6 +356,10 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 			return fmt.Errorf("publishing work-queue state on %s: %w", x, err)
 		}
 		if site != b.cfg.Site {
+			if s.sentTo == nil {
+				s.sentTo = map[string]sentState{}
+			}
+			s.sentTo[site] = sentState{st: st, at: now}
 			b.stats.wqStateSent(g.name, site, why)
 		}
 	}

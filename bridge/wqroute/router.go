@@ -515,12 +515,14 @@ func (r *Router) FreshSites(now time.Time) int {
 }
 
 // creditFraction sets how long after a site's last state the Router
-// still expects the messages it sends there to start on arrival: a tenth
-// of the staleness (150 ms by default; a site that takes messages sends a
-// state within one StateInterval). What it sends later, with no state
-// since, counts as queued there from the new message's arrival on, as a
-// site that stopped (its broker gone) would keep it.
-const creditFraction = 10
+// still expects the messages it sends there to start on arrival: a third
+// of the staleness (500 ms by default), the longest a live site leaves a
+// router that holds a lease without a state (its heartbeat: a site that
+// takes the router's messages as the router predicts says nothing until
+// then, Extrapolates). What it sends later, with no state since, counts as
+// queued there from the new message's arrival on, as a site that stopped
+// (its broker gone) would keep it.
+const creditFraction = 3
 
 // start predicts how long from now a member of s would start a message
 // sent now: the one-way delay, then the wait behind what is ahead there:
