@@ -279,9 +279,10 @@ type stateSender struct {
 	ch        *amqp.Channel
 	g         *workGroup
 	heartbeat time.Duration
-	// tolerance bounds how far the members' waits may stray from what a
-	// lease holder's router predicts before it is told (0: tell it every
-	// change; wqroute.ExtrapolationTolerance of the state interval).
+	// interval is the state interval: it bounds how far the members'
+	// waits may stray from what a lease holder's router predicts before
+	// the holder is told (wqroute.ExtrapolationTolerance; 0: every change
+	// is told).
 	interval time.Duration
 	leases   wqroute.Leases
 	holders  []string
