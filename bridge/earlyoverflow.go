@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"maps"
 	"sync"
 	"time"
 
@@ -48,6 +49,15 @@ type overflowView struct {
 	published     time.Time
 	rate          wqroute.PublishRate
 	sustainedRate wqroute.PublishRate
+	// routedFrom counts, by origin, the messages other sites routed here
+	// by their states that were taken from the intake.
+	routedFrom map[string]uint64
+	// recentTakes holds the last messages other sites routed here that
+	// were taken from the intake, nextTake the index of the next one: a
+	// state's Taken counts those taken by the time of members, and the
+	// takes' times say when each started (takesFrom).
+	recentTakes [maxRecentTakes]routedTake
+	nextTake    uint64
 	// site is scratch space for the members of the whole site: these
 	// and, with a router, the other brokers' of this site (siteMembers).
 	site []scoring.MemberSnapshot
@@ -68,6 +78,45 @@ func (v *overflowView) idleRose() bool {
 	rose := idle > v.idle
 	v.idle = idle
 	return rose
+}
+
+// maxRecentTakes bounds the routed takes an overflowView remembers: more
+// than a group takes from one site between two of its states.
+const maxRecentTakes = 32
+
+// routedTake is one message another site routed here, taken from the
+// intake.
+type routedTake struct {
+	origin string
+	at     time.Time
+}
+
+// tookRouted records a message origin routed here, taken from the intake
+// at at (before it is delivered: the members read next include it).
+func (v *overflowView) tookRouted(origin string, at time.Time) {
+	v.mu.Lock()
+	if v.routedFrom == nil {
+		v.routedFrom = map[string]uint64{}
+	}
+	v.routedFrom[origin]++
+	v.recentTakes[v.nextTake%maxRecentTakes] = routedTake{origin: origin, at: at}
+	v.nextTake++
+	v.mu.Unlock()
+}
+
+// takesFrom appends to dst the times (Unix nanoseconds, oldest first) of
+// the remembered messages origin routed here that were taken after since
+// and by the time the members were last read.
+func (v *overflowView) takesFrom(origin string, since int64, dst []int64) []int64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for k := v.nextTake - min(v.nextTake, maxRecentTakes); k < v.nextTake; k++ {
+		t := v.recentTakes[k%maxRecentTakes]
+		if at := t.at.UnixNano(); t.origin == origin && at > since && !t.at.After(v.seen) {
+			dst = append(dst, at)
+		}
+	}
+	return dst
 }
 
 // took counts a message the consume loop took from RabbitMQ.
@@ -348,14 +397,21 @@ func (v *overflowView) undispatch() {
 }
 
 // state is the group state this broker publishes for the other sites'
-// routers: the members' predicted waits as of now, and the other sites'
-// messages ready in the intake queue.
-// taken counts the other sites' messages taken from the intake, by
-// origin. It also returns how many messages the consume loop has taken so
-// far.
-func (v *overflowView) state(site, broker, boot string, now time.Time, taken map[string]uint64) (wqroute.State, uint64) {
+// routers: the members' predicted waits as of now, the other sites'
+// messages ready in the intake queue, and how many messages each other
+// site routed here were taken by the time the members were read (one
+// taken since is not yet in their waits: it counts in the next state,
+// with them). It also returns how many messages the consume loop has
+// taken so far.
+func (v *overflowView) state(site, broker, boot string, now time.Time) (wqroute.State, uint64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	taken := maps.Clone(v.routedFrom)
+	for k := v.nextTake - min(v.nextTake, maxRecentTakes); k < v.nextTake; k++ {
+		if t := v.recentTakes[k%maxRecentTakes]; t.at.After(v.seen) {
+			taken[t.origin]--
+		}
+	}
 	st := wqroute.StateOf(site, broker, boot, now, v.readyIntake, v.members, taken)
 	st.Publishes = v.rate.PerSecond(now)
 	elapsed := now.Sub(v.seen)

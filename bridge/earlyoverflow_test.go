@@ -190,7 +190,7 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 		t.Fatalf("dispatch from an empty queue: %q, want none", site)
 	}
 	// State is published with the waits as of now.
-	if got, _ := v.state("here", "b1", "boot", now.Add(30*ms), nil); got.Members[0].Wait != 50*ms || got.Site != "here" {
+	if got, _ := v.state("here", "b1", "boot", now.Add(30*ms)); got.Members[0].Wait != 50*ms || got.Site != "here" {
 		t.Fatalf("state = %+v, want the member's wait 50ms", got)
 	}
 }
@@ -417,5 +417,48 @@ func TestOverflowViewIdleRose(t *testing.T) {
 		if got := v.idleRose(); got != s.want {
 			t.Fatalf("step %d: idleRose = %v, want %v", i, got, s.want)
 		}
+	}
+}
+
+// A state counts the routed messages taken by the time its members were
+// read, no later one: a message taken since is in neither the members'
+// waits nor the counts until the members are read again. The take times
+// a lease holder's extrapolation reads are cut at the same instant.
+func TestOverflowViewStateCountsTakesWithTheMembers(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Unix(2000, 0)
+	var v overflowView
+	idle := []scoring.MemberSnapshot{{Online: true, ServiceEstimate: time.Second}}
+	v.setMembers(idle, time.Second, now)
+	v.tookRouted("tunis", now.Add(10*ms)) // being delivered
+	st, _ := v.state("here", "b1", "boot", now.Add(20*ms))
+	if st.Taken["tunis"] != 0 || st.Members[0].Wait != 0 {
+		t.Fatalf("state before the members are read again: taken %v, wait %v; want 0 and 0", st.Taken, st.Members[0].Wait)
+	}
+	if got := v.takesFrom("tunis", 0, nil); len(got) != 0 {
+		t.Fatalf("takesFrom before the members are read again = %v, want none", got)
+	}
+	busy := []scoring.MemberSnapshot{{Online: true, ServiceEstimate: time.Second, PredictedWait: time.Second, InFlight: 1}}
+	v.setMembers(busy, time.Second, now.Add(15*ms))
+	v.tookRouted("berlin", now.Add(16*ms))
+	st, _ = v.state("here", "b1", "boot", now.Add(20*ms))
+	if st.Taken["tunis"] != 1 || st.Taken["berlin"] != 0 || st.Members[0].Wait != 995*ms {
+		t.Fatalf("state after: taken %v, wait %v; want tunis 1, berlin 0, 995ms", st.Taken, st.Members[0].Wait)
+	}
+	got := v.takesFrom("tunis", 0, nil)
+	if len(got) != 1 || got[0] != now.Add(10*ms).UnixNano() {
+		t.Fatalf("takesFrom(tunis) = %v, want the take at +10ms", got)
+	}
+	if got := v.takesFrom("tunis", now.Add(10*ms).UnixNano(), nil); len(got) != 0 {
+		t.Fatalf("takesFrom(tunis) since that take = %v, want none", got)
+	}
+	// The ring forgets the oldest takes, not the counts.
+	for i := range maxRecentTakes + 5 {
+		v.tookRouted("tunis", now.Add(time.Duration(100+i)*ms))
+	}
+	v.setMembers(busy, time.Second, now.Add(time.Second))
+	st, _ = v.state("here", "b1", "boot", now.Add(time.Second))
+	if n := len(v.takesFrom("tunis", 0, nil)); st.Taken["tunis"] != maxRecentTakes+6 || n != maxRecentTakes {
+		t.Fatalf("after %d more takes: taken %d, %d times remembered; want %d and %d", maxRecentTakes+5, st.Taken["tunis"], n, maxRecentTakes+6, maxRecentTakes)
 	}
 }

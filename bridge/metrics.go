@@ -132,9 +132,6 @@ type wqCounters struct {
 	routedTo  map[string]uint64
 	settled   map[string]uint64
 	fromSites map[string]uint64
-	// routedFrom counts the part of fromSites that was routed here by
-	// this site's state (State.Taken).
-	routedFrom map[string]uint64
 	// reclaimed counts, by the site they were routed to, the messages
 	// taken back from this node's link queues towards a silent site.
 	reclaimed map[string]uint64
@@ -156,7 +153,7 @@ type wqCounters struct {
 func (s *stats) wqGroup(g string) *wqCounters {
 	c := s.wq[g]
 	if c == nil {
-		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}, routedFrom: map[string]uint64{},
+		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{},
 			reclaimed: map[string]uint64{}, reclaimedRedelivered: map[string]uint64{}, statesTo: map[string]uint64{}, statesWhy: map[string]uint64{}}
 		s.wq[g] = c
 	}
@@ -233,23 +230,11 @@ func (s *stats) wqSiblingsReclaimed(g string) map[string]map[string]uint64 {
 	return out
 }
 
-// wqTakenFrom returns a copy of group g's counts of the messages other
-// sites routed here that were taken from the intake, by origin.
-func (s *stats) wqTakenFrom(g string) map[string]uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return maps.Clone(s.wqGroup(g).routedFrom)
-}
-
-// wqFromSite counts a message of another site taken from the intake;
-// routed says it came straight to this site by its state.
-func (s *stats) wqFromSite(g, origin string, routed bool) {
+// wqFromSite counts a message of another site taken from the intake.
+func (s *stats) wqFromSite(g, origin string) {
 	s.mu.Lock()
 	c := s.wqGroup(g)
 	c.fromSites[origin]++
-	if routed {
-		c.routedFrom[origin]++
-	}
 	s.mu.Unlock()
 }
 
@@ -302,8 +287,9 @@ type WorkQueueStats struct {
 	// StatesWhy splits the states sent to other sites by why they were
 	// sent: "change" (what the other sites' routers read changed),
 	// "idle" (a member went idle with nothing left to take), "heartbeat"
-	// (nothing changed for stateHeartbeatIntervals) and "lease" (the
-	// first to a site that just asked).
+	// (nothing the site's router could not work out for itself changed
+	// for stateHolderHeartbeatIntervals) and "lease" (the first to a site
+	// that just asked).
 	StatesWhy map[string]uint64
 	// MaxLength, TTL and Weight are what the last retune applied.
 	MaxLength int

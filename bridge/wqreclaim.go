@@ -38,12 +38,13 @@ import (
 )
 
 // reclaimStaleIntervals is how many StateIntervals a site's state must be
-// missing before what waits for it is taken back: twice the staleness
-// after which it is no longer routed to (3 s at the default 100 ms). A
+// missing before what waits for it is taken back: longer than the
+// staleness after which it is no longer routed to (3 s at the default
+// 100 ms, against 2.5 s; three heartbeats of a site to a lease holder). A
 // link blip, a stalled node or a federation link's reconnection (1 s
 // apart) is over by then and its link drains the queue itself; a dead
 // site's messages wait 3 s more than need be, not an hour.
-const reclaimStaleIntervals = 2 * stateStaleIntervals
+const reclaimStaleIntervals = 3 * stateHolderHeartbeatIntervals
 
 // reclaimRedeliveredIntervals is how many StateIntervals a site's state
 // must be missing before a redelivered message is taken back from a link
@@ -54,7 +55,7 @@ const reclaimStaleIntervals = 2 * stateStaleIntervals
 // recognises a copy it completed (DedupWindow) where a copy taken back
 // would be processed a second time elsewhere. A site silent longer is
 // dead, and the message is taken back (at-least-once).
-const reclaimRedeliveredIntervals = 10 * stateStaleIntervals
+const reclaimRedeliveredIntervals = 150
 
 // headerBookedBy names the broker whose router booked a routed message to
 // its site: the one that unbooks it if it is taken back.

@@ -37,26 +37,43 @@ import (
 const headerRouted = "x-luffymq-routed"
 
 // stateHeartbeatIntervals is how many StateIntervals at most pass between
-// two states of a broker that saw no change.
+// two states of a broker that saw no change, to the site's other brokers
+// (on the LAN).
 const stateHeartbeatIntervals = 5
 
-// stateStaleIntervals is how many StateIntervals a state counts after it
-// arrived: three heartbeats.
-const stateStaleIntervals = 3 * stateHeartbeatIntervals
+// stateHolderHeartbeatIntervals is how many StateIntervals at most pass
+// between two states to another site holding a lease, when all that
+// changed since the last one its router works out for itself
+// (Extrapolates): such a state says only that the site is alive. It is
+// also how long after a site's last state its router still counts what it
+// sends there as started on arrival (wqroute.Config.Credit).
+const stateHolderHeartbeatIntervals = 10
 
-// wantRenewIntervals is how many StateIntervals pass between two Wants of
-// a broker whose demand lasts; wantLeaseIntervals, how long each one asks
-// for the states while the local publishes are sustained (demandInputs):
-// three renewals, so a lost Want costs nothing. Otherwise (messages held
-// or routed, a rare publish that asked for the states itself) a Want asks
-// for wantShortLeaseIntervals: one renewal and a half, so that the states
-// stop soon after the demand does; a lost Want then costs a gap of half a
-// renewal, which the states' staleness (stateStaleIntervals) covers.
+// stateStaleIntervals is how many StateIntervals a state counts after it
+// arrived: two holder heartbeats and a half, so that a late or lost one
+// leaves the site routed to.
+const stateStaleIntervals = 5 * stateHolderHeartbeatIntervals / 2
+
+// wantSustainedRenewIntervals is how many StateIntervals pass between two
+// Wants of a broker whose local publishes are sustained (demandInputs), and
+// wantLeaseIntervals how long each one asks for the states: two renewals,
+// so a lost Want costs nothing. Otherwise (messages held or routed, a rare
+// publish that asked for the states itself) a Want asks for
+// wantShortLeaseIntervals, renewed every wantRenewIntervals: one renewal
+// and a half, so that the states stop soon after the demand does; a lost
+// Want then costs a gap of half a renewal, which the states' staleness
+// (stateStaleIntervals) covers. Each Want is a WAN message to every other
+// site: a sustained demand renews half as often as a short one.
 const (
-	wantRenewIntervals      = 10
-	wantLeaseIntervals      = 3 * wantRenewIntervals
-	wantShortLeaseIntervals = 3 * wantRenewIntervals / 2
+	wantRenewIntervals          = 10
+	wantSustainedRenewIntervals = 2 * wantRenewIntervals
+	wantLeaseIntervals          = 2 * wantSustainedRenewIntervals
+	wantShortLeaseIntervals     = 3 * wantRenewIntervals / 2
 )
+
+// demandRecentIntervals is how many StateIntervals after its last local
+// publish a broker may still have something to route (demandInputs).
+const demandRecentIntervals = 30
 
 // wantNudgeGapIntervals is how many StateIntervals at least pass between
 // two Wants of publishes that found no state fresh (decide's askStates):
@@ -76,7 +93,8 @@ func newGroupRouter(c WorkQueueConfig, site, broker string) *wqroute.Router {
 	if c.Route != RouteNearest || c.TTLOverflowOnly {
 		return nil
 	}
-	return wqroute.NewRouter(wqroute.Config{Site: site, Broker: broker, StaleAfter: stateStaleIntervals * c.StateInterval})
+	return wqroute.NewRouter(wqroute.Config{Site: site, Broker: broker, StaleAfter: stateStaleIntervals * c.StateInterval,
+		Credit: stateHolderHeartbeatIntervals * c.StateInterval})
 }
 
 // declareRouteTopology creates group g's route exchange and binds the
@@ -155,10 +173,13 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 	interval := b.cfg.WorkQueue.StateInterval
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	s := stateSender{b: b, ch: ch, g: g, heartbeat: stateHeartbeatIntervals * interval, interval: interval}
+	s := stateSender{b: b, ch: ch, g: g, heartbeat: stateHeartbeatIntervals * interval,
+		holderHeartbeat: stateHolderHeartbeatIntervals * interval, interval: interval}
 	// lastWant is the last Want of the demand under way (zero when
-	// there is none); lastAsk, the last Want at all.
+	// there is none); lastAsk, the last Want at all; lastWantSustained
+	// says lastWant asked for the long lease.
 	var lastWant, lastAsk time.Time
+	var lastWantSustained bool
 	for {
 		select {
 		case <-ctx.Done():
@@ -222,7 +243,7 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			if err := s.ask(ctx, now, wantShortLeaseIntervals*interval); err != nil {
 				return err
 			}
-			lastWant, lastAsk = now, now
+			lastWant, lastAsk, lastWantSustained = now, now, false
 		case now := <-tick.C:
 			if err := s.send(ctx, now, "", false); err != nil {
 				return err
@@ -233,12 +254,16 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			if err := b.dispatchHeld(ctx, dch, g); err != nil {
 				return err
 			}
-			start, held, sustained := g.view.demandInputs(now, g.router, wantLeaseIntervals*interval, wantShortLeaseIntervals*interval)
+			start, held, sustained := g.view.demandInputs(now, g.router, demandRecentIntervals*interval, wantShortLeaseIntervals*interval)
 			if !g.router.Demand(now, start, held) {
 				lastWant = time.Time{}
 				continue
 			}
-			if !lastWant.IsZero() && now.Sub(lastWant) < wantRenewIntervals*interval {
+			renew := wantRenewIntervals * interval
+			if sustained && lastWantSustained {
+				renew = wantSustainedRenewIntervals * interval
+			}
+			if !lastWant.IsZero() && now.Sub(lastWant) < renew {
 				continue
 			}
 			lease := wantShortLeaseIntervals * interval
@@ -248,7 +273,7 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			if err := s.ask(ctx, now, lease); err != nil {
 				return err
 			}
-			lastWant, lastAsk = now, now
+			lastWant, lastAsk, lastWantSustained = now, now, sustained
 		}
 	}
 }
@@ -275,10 +300,13 @@ func (s *stateSender) ask(ctx context.Context, now time.Time, lease time.Duratio
 // stateSender publishes one broker's states of a group: to the site's
 // other brokers, and to each other site holding a lease.
 type stateSender struct {
-	b         *Bridge
-	ch        *amqp.Channel
-	g         *workGroup
-	heartbeat time.Duration
+	b  *Bridge
+	ch *amqp.Channel
+	g  *workGroup
+	// heartbeat is the longest between two states to the site's other
+	// brokers; holderHeartbeat, between two states to a lease holder
+	// whose router extrapolates them.
+	heartbeat, holderHeartbeat time.Duration
 	// interval is the state interval: it bounds how far the members'
 	// waits may stray from what a lease holder's router predicts before
 	// the holder is told (wqroute.ExtrapolationTolerance; 0: every change
@@ -290,6 +318,9 @@ type stateSender struct {
 	lastSent time.Time
 	// sentTo is, by lease holder, the last state sent to it and when.
 	sentTo map[string]sentState
+	// takes is scratch space for the times of a holder's messages taken
+	// since its last state.
+	takes []int64
 }
 
 // sentState is a state sent to one lease holder.
@@ -313,7 +344,7 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 			return err
 		}
 	}
-	st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now, b.stats.wqTakenFrom(g.name))
+	st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now)
 	st.Unbooked = b.stats.wqSiblingsReclaimed(g.name) // for the siblings' routers
 	c := changeOf(st, taken)
 	why := "change"
@@ -338,14 +369,13 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 	}
 	tolerance := wqroute.ExtrapolationTolerance(st.Members, s.interval)
 	for _, site := range s.holders {
-		if site != b.cfg.Site && (why == "change" || why == "idle") && s.interval > 0 {
-			// What a lease holder's router works out for itself (its own
-			// messages taken as it predicted, waits run down) is not
-			// sent: a busy site would otherwise hear of every message
-			// its members take. A heartbeat still goes out when a
-			// holder has heard nothing for one.
-			if prev, ok := s.sentTo[site]; ok && now.Sub(prev.at) < s.heartbeat && wqroute.Extrapolates(prev.st, st, site, tolerance) {
-				continue
+		siteWhy := why
+		if site != b.cfg.Site && why != "lease" && s.interval > 0 {
+			if prev, ok := s.sentTo[site]; ok {
+				s.takes = g.view.takesFrom(site, prev.st.Sent, s.takes[:0])
+				if siteWhy = s.holderReason(prev, st, site, why, now, tolerance); siteWhy == "" {
+					continue
+				}
 			}
 		}
 		err = s.ch.PublishWithContext(ctx, x, StateRoutingKey(site), false, false, amqp.Publishing{
@@ -361,13 +391,30 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 				s.sentTo = map[string]sentState{}
 			}
 			s.sentTo[site] = sentState{st: st, at: now}
-			b.stats.wqStateSent(g.name, site, why)
+			b.stats.wqStateSent(g.name, site, siteWhy)
 		}
 	}
 	if only == "" {
 		s.last, s.lastSent = c, now
 	}
 	return nil
+}
+
+// holderReason says why st goes to lease holder site, which got prev last
+// ("" if it need not): what a holder's router works out for itself (its
+// own messages taken as it predicted, waits run down, Extrapolates over
+// s.takes) is not sent, since a busy site would otherwise hear of every
+// message its members take, until a holder heartbeat has passed without a
+// state, which says then that the site is alive. Otherwise the state goes
+// for why, the reason it is sent at all.
+func (s *stateSender) holderReason(prev sentState, st wqroute.State, site, why string, now time.Time, tolerance time.Duration) string {
+	if !wqroute.Extrapolates(prev.st, st, site, s.takes, tolerance) {
+		return why
+	}
+	if now.Sub(prev.at) < s.holderHeartbeat {
+		return ""
+	}
+	return "heartbeat"
 }
 
 // maxDispatch bounds the messages one state sends from wq.<g>: the

@@ -277,7 +277,10 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		if source == fromOtherSite {
 			origin, _ := d.Headers[HeaderOrigin].(string)
 			routed, _ := d.Headers[headerRouted].(bool)
-			b.stats.wqFromSite(g.name, origin, routed)
+			b.stats.wqFromSite(g.name, origin)
+			if routed {
+				g.view.tookRouted(origin, time.Now())
+			}
 		}
 		if !b.deliverWork(g, d, gen, source) {
 			if !wait(20 * time.Millisecond) { // no member after all: let scoring catch up

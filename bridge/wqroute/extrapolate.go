@@ -26,11 +26,17 @@ const maxExtrapolatedMembers = 32
 // sibling, no message taken from another origin than holder since last
 // (holder does not know of those), and the members' waits in cur, in
 // order, within tolerance of last's run down by the time between them,
-// after placing on them each message taken from holder since last. A
-// member without a service time cannot be predicted past its wait: it
-// must have taken none of them. It allocates nothing for groups of up to
-// maxExtrapolatedMembers.
-func Extrapolates(last, cur State, holder string, tolerance time.Duration) bool {
+// after placing on them each message taken from holder since last.
+//
+// Each such message starts when it was taken (holder's router counts it
+// started on arrival) or when the member that frees first is free,
+// whichever is later: takes holds the times (Unix nanoseconds, in order)
+// of the messages taken from holder since last was sent. A take whose time
+// is missing from it is placed at cur's send time, which a member that
+// took it earlier does not match. A member without a service time cannot
+// be predicted past its wait: it must have taken none of them. It
+// allocates nothing for groups of up to maxExtrapolatedMembers.
+func Extrapolates(last, cur State, holder string, takes []int64, tolerance time.Duration) bool {
 	n := len(cur.Members)
 	if cur.Site != last.Site || cur.Broker != last.Broker || cur.Boot != last.Boot || n != len(last.Members) ||
 		n > maxExtrapolatedMembers || cur.Intake > last.Intake || cur.Sent < last.Sent || !unbookedEqual(last.Unbooked, cur.Unbooked) {
@@ -43,17 +49,22 @@ func Extrapolates(last, cur State, holder string, tolerance time.Duration) bool 
 	}
 	holderTakes := cur.Taken[holder] - min(last.Taken[holder], cur.Taken[holder])
 	elapsed := time.Duration(cur.Sent - last.Sent)
+	// Waits relative to cur's send time: negative, free since.
 	var want, got [maxExtrapolatedMembers]time.Duration
 	for i, m := range last.Members {
-		want[i] = m.Wait - elapsed // negative: free since
+		want[i] = m.Wait - elapsed
 	}
-	for range holderTakes {
+	for k := range holderTakes {
+		takenAt := time.Duration(0) // at cur's send time, unless known
+		if k < uint64(len(takes)) {
+			takenAt = time.Duration(takes[k] - cur.Sent)
+		}
 		i := earliest(want[:n])
 		svc := last.Members[i].Service
 		if svc <= 0 {
 			return false
 		}
-		want[i] = max(want[i], 0) + svc
+		want[i] = max(want[i], takenAt) + svc
 	}
 	for i, m := range cur.Members {
 		want[i], got[i] = max(want[i], 0), m.Wait

@@ -36,13 +36,13 @@ func TestExtrapolates(t *testing.T) {
 		{"a member joined", state(200*ms, 0, map[string]uint64{"tunis": 4}, 100*ms, 600*ms, 0), false},
 	}
 	for _, c := range cases {
-		if got := Extrapolates(last, c.cur, "tunis", tol); got != c.want {
+		if got := Extrapolates(last, c.cur, "tunis", nil, tol); got != c.want {
 			t.Errorf("%s: Extrapolates = %v, want %v", c.name, got, c.want)
 		}
 	}
 	restarted := state(200*ms, 0, map[string]uint64{"tunis": 4}, 100*ms, 600*ms)
 	restarted.Boot = "b2"
-	if Extrapolates(last, restarted, "tunis", tol) {
+	if Extrapolates(last, restarted, "tunis", nil, tol) {
 		t.Error("a restarted broker's state extrapolates")
 	}
 	// A member without a service time takes one message, and then
@@ -51,10 +51,30 @@ func TestExtrapolates(t *testing.T) {
 	untimed.Members[0].Service = 0
 	took := state(100*ms, 0, map[string]uint64{"tunis": 1}, 0)
 	took.Members[0].Service = 0
-	if Extrapolates(untimed, took, "tunis", tol) {
+	if Extrapolates(untimed, took, "tunis", nil, tol) {
 		t.Error("an untimed member's take extrapolates")
 	}
-	if allocs := testing.AllocsPerRun(100, func() { Extrapolates(last, cases[4].cur, "tunis", tol) }); allocs != 0 {
+	// A message taken long before the state: it started then, not at
+	// the state's send time. Tunis's router, which counts it started on
+	// arrival, predicts its member 400 ms into it.
+	late := state(700*ms, 0, map[string]uint64{"tunis": 5}, 600*ms, 100*ms)
+	takenAt := []int64{t0.Add(300 * ms).UnixNano()}
+	if !Extrapolates(last, late, "tunis", takenAt, tol) {
+		t.Error("a message taken 400 ms before the state, as predicted, does not extrapolate")
+	}
+	if Extrapolates(last, late, "tunis", nil, tol) {
+		t.Error("without its take time, a message is placed at the state's send time, yet extrapolates 400 ms off")
+	}
+	// Taken while every member was busy: it starts when the first frees
+	// (300 ms), not when it was taken (100 ms).
+	queued := []int64{t0.Add(100 * ms).UnixNano()}
+	if !Extrapolates(last, late, "tunis", queued, tol) {
+		t.Error("a message taken while its member was busy does not start when the member frees")
+	}
+	if Extrapolates(last, state(700*ms, 0, map[string]uint64{"tunis": 5}, 800*ms, 100*ms), "tunis", queued, tol) {
+		t.Error("a message started 200 ms late extrapolates")
+	}
+	if allocs := testing.AllocsPerRun(100, func() { Extrapolates(last, late, "tunis", takenAt, tol) }); allocs != 0 {
 		t.Errorf("Extrapolates allocates %v times", allocs)
 	}
 }

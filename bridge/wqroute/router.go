@@ -85,6 +85,15 @@ type Config struct {
 	// StaleAfter is how long a state counts after it arrived (2.5 s); an
 	// older one is ignored.
 	StaleAfter time.Duration
+	// Credit is how long after a site's last state arrived the Router
+	// still expects the messages it sends there to start on arrival: the
+	// longest a live site leaves a router that holds a lease without a
+	// state (its heartbeat to lease holders: a site that takes the
+	// router's messages as the router predicts says nothing until then,
+	// Extrapolates). What it sends later, with no state since, counts as
+	// queued there from the new message's arrival on, as a site that
+	// stopped (its broker gone) would keep it. Zero: StaleAfter / 3.
+	Credit time.Duration
 }
 
 // maxPrediction bounds how far a site's start is predicted.
@@ -211,6 +220,9 @@ type Router struct {
 func NewRouter(cfg Config) *Router {
 	if cfg.StaleAfter <= 0 {
 		cfg.StaleAfter = 2500 * time.Millisecond
+	}
+	if cfg.Credit <= 0 {
+		cfg.Credit = cfg.StaleAfter / 3
 	}
 	return &Router{cfg: cfg}
 }
@@ -395,7 +407,7 @@ func (r *Router) RouteWeighed(now time.Time, local, localCost, localLimit time.D
 		if best != nil {
 			limit = min(limit, bestStart)
 		}
-		start, ok := s.start(now, limit, r.cfg.StaleAfter/creditFraction)
+		start, ok := s.start(now, limit, r.cfg.Credit)
 		if !ok {
 			continue
 		}
@@ -444,7 +456,7 @@ func (r *Router) Views(now time.Time, dst []SiteView) []SiteView {
 	for _, s := range r.sites {
 		v := SiteView{Site: s.name, Age: now.Sub(s.arrived), Delay: s.delay, Intake: s.intake, Outstanding: s.outstanding()}
 		if r.fresh(s, now) {
-			v.Start, v.OK = s.start(now, maxPrediction, r.cfg.StaleAfter/creditFraction)
+			v.Start, v.OK = s.start(now, maxPrediction, r.cfg.Credit)
 		}
 		v.Members = len(s.merged)
 		for _, m := range s.merged {
@@ -513,16 +525,6 @@ func (r *Router) FreshSites(now time.Time) int {
 	}
 	return n
 }
-
-// creditFraction sets how long after a site's last state the Router
-// still expects the messages it sends there to start on arrival: a third
-// of the staleness (500 ms by default), the longest a live site leaves a
-// router that holds a lease without a state (its heartbeat: a site that
-// takes the router's messages as the router predicts says nothing until
-// then, Extrapolates). What it sends later, with no state since, counts as
-// queued there from the new message's arrival on, as a site that stopped
-// (its broker gone) would keep it.
-const creditFraction = 3
 
 // start predicts how long from now a member of s would start a message
 // sent now: the one-way delay, then the wait behind what is ahead there:
