@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -88,34 +89,45 @@ const maxRecentTakes = 32
 // intake.
 type routedTake struct {
 	origin string
-	at     time.Time
+	// at is when it was taken; due, when its origin's router expected it
+	// here (zero if the message does not say).
+	at, due time.Time
 }
 
 // tookRouted records a message origin routed here, taken from the intake
-// at at (before it is delivered: the members read next include it).
-func (v *overflowView) tookRouted(origin string, at time.Time) {
+// at at (before it is delivered: the members read next include it), which
+// origin's router expected here at due.
+func (v *overflowView) tookRouted(origin string, at, due time.Time) {
 	v.mu.Lock()
 	if v.routedFrom == nil {
 		v.routedFrom = map[string]uint64{}
 	}
 	v.routedFrom[origin]++
-	v.recentTakes[v.nextTake%maxRecentTakes] = routedTake{origin: origin, at: at}
+	v.recentTakes[v.nextTake%maxRecentTakes] = routedTake{origin: origin, at: at, due: due}
 	v.nextTake++
 	v.mu.Unlock()
 }
 
-// takesFrom appends to dst the times (Unix nanoseconds, oldest first) of
-// the remembered messages origin routed here that were taken after since
-// and by the time the members were last read.
+// takesFrom appends to dst the times (Unix nanoseconds, oldest first) at
+// which origin's router expected the remembered messages it routed here
+// that were taken after since and by the time the members were last read
+// (when they were taken, for a message that does not say): its router
+// counts each started then, if a member was free.
 func (v *overflowView) takesFrom(origin string, since int64, dst []int64) []int64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	start := len(dst)
 	for k := v.nextTake - min(v.nextTake, maxRecentTakes); k < v.nextTake; k++ {
 		t := v.recentTakes[k%maxRecentTakes]
-		if at := t.at.UnixNano(); t.origin == origin && at > since && !t.at.After(v.seen) {
-			dst = append(dst, at)
+		if t.origin == origin && t.at.UnixNano() > since && !t.at.After(v.seen) {
+			if t.due.IsZero() {
+				dst = append(dst, t.at.UnixNano())
+			} else {
+				dst = append(dst, t.due.UnixNano())
+			}
 		}
 	}
+	slices.Sort(dst[start:])
 	return dst
 }
 
@@ -162,8 +174,10 @@ const heldTTL = maxLocalPrediction
 
 // decision is where a local publish goes.
 type decision struct {
-	// site is the other site it goes to straight away (RouteNearest).
+	// site is the other site it goes to straight away (RouteNearest);
+	// due, when the router expects it there (wqroute.Choice.Due).
 	site string
+	due  time.Time
 	// overflow sends it to the dead-letter exchange at once.
 	overflow bool
 	// askStates says that it stays in wq.<g> while no other site's state
@@ -259,7 +273,7 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 			if c := router.RouteWeighed(now, wait, cost, max(v.ttl, heldTTL)); c.Fresh {
 				if c.Site != "" {
 					v.overflowed++
-					return decision{site: c.Site, local: wait, cost: cost, start: c.Start, ok: true}
+					return decision{site: c.Site, due: c.Due, local: wait, cost: cost, start: c.Start, ok: true}
 				}
 				v.readyWork++
 				return decision{local: wait, cost: cost, start: wait, ok: true}
@@ -365,27 +379,27 @@ func allTimed(members []scoring.MemberSnapshot) bool {
 
 // dispatch says where the last message ready in wq.<g> should go now,
 // the other sites' states having changed: to the site router chooses for
-// it (booked there), or nowhere (""), when the local members would start
-// it soonest or nothing waits in wq.<g>. A site chosen is counted as
-// taking one message from wq.<g>; undispatch takes that back when the
-// queue was empty after all.
-func (v *overflowView) dispatch(now time.Time, router *wqroute.Router) string {
+// it (booked there, and when the router expects it there), or nowhere
+// (""), when the local members would start it soonest or nothing waits in
+// wq.<g>. A site chosen is counted as taking one message from wq.<g>;
+// undispatch takes that back when the queue was empty after all.
+func (v *overflowView) dispatch(now time.Time, router *wqroute.Router) (string, time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.members == nil || v.readyWork == 0 {
-		return ""
+		return "", time.Time{}
 	}
 	load := v.siteMembers(now, router)
 	wait, ok := v.localStart(load, v.readyWork+v.readyIntake-1, max(v.ttl, maxLocalPrediction))
 	if !ok {
-		return ""
+		return "", time.Time{}
 	}
 	c := router.RouteWeighed(now, wait, v.localCost(now, load, wait, max(v.ttl, heldTTL)), max(v.ttl, heldTTL))
 	if c.Site == "" {
-		return ""
+		return "", time.Time{}
 	}
 	v.readyWork--
-	return c.Site
+	return c.Site, c.Due
 }
 
 // undispatch counts back a message dispatch took from wq.<g> that was

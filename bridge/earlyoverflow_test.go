@@ -177,16 +177,16 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 	// there (20 ms); the one before it (120 ms here, 120 ms there) stays.
 	st.Sent, st.Taken = now.Add(40*ms).UnixNano(), map[string]uint64{"here": 3}
 	r.Observe(st, now.Add(60*ms))
-	if site := v.dispatch(now.Add(60*ms), r); site != "near" {
+	if site, _ := v.dispatch(now.Add(60*ms), r); site != "near" {
 		t.Fatalf("dispatch to an idle site: %q, want near", site)
 	}
-	if site := v.dispatch(now.Add(60*ms), r); site != "" {
+	if site, _ := v.dispatch(now.Add(60*ms), r); site != "" {
 		t.Fatalf("dispatch on a tie: %q, want none", site)
 	}
 	// Nothing ready here: nothing to dispatch, whatever near's state.
 	r.Unbook("near")
 	v.undispatch()
-	if site := v.dispatch(now.Add(60*ms), r); site != "" {
+	if site, _ := v.dispatch(now.Add(60*ms), r); site != "" {
 		t.Fatalf("dispatch from an empty queue: %q, want none", site)
 	}
 	// State is published with the waits as of now.
@@ -430,7 +430,8 @@ func TestOverflowViewStateCountsTakesWithTheMembers(t *testing.T) {
 	var v overflowView
 	idle := []scoring.MemberSnapshot{{Online: true, ServiceEstimate: time.Second}}
 	v.setMembers(idle, time.Second, now)
-	v.tookRouted("tunis", now.Add(10*ms)) // being delivered
+	// Tunis's router expected it at +5ms; it was taken at +10ms.
+	v.tookRouted("tunis", now.Add(10*ms), now.Add(5*ms)) // being delivered
 	st, _ := v.state("here", "b1", "boot", now.Add(20*ms))
 	if st.Taken["tunis"] != 0 || st.Members[0].Wait != 0 {
 		t.Fatalf("state before the members are read again: taken %v, wait %v; want 0 and 0", st.Taken, st.Members[0].Wait)
@@ -440,24 +441,27 @@ func TestOverflowViewStateCountsTakesWithTheMembers(t *testing.T) {
 	}
 	busy := []scoring.MemberSnapshot{{Online: true, ServiceEstimate: time.Second, PredictedWait: time.Second, InFlight: 1}}
 	v.setMembers(busy, time.Second, now.Add(15*ms))
-	v.tookRouted("berlin", now.Add(16*ms))
+	v.tookRouted("berlin", now.Add(16*ms), time.Time{})
 	st, _ = v.state("here", "b1", "boot", now.Add(20*ms))
 	if st.Taken["tunis"] != 1 || st.Taken["berlin"] != 0 || st.Members[0].Wait != 995*ms {
 		t.Fatalf("state after: taken %v, wait %v; want tunis 1, berlin 0, 995ms", st.Taken, st.Members[0].Wait)
 	}
 	got := v.takesFrom("tunis", 0, nil)
-	if len(got) != 1 || got[0] != now.Add(10*ms).UnixNano() {
-		t.Fatalf("takesFrom(tunis) = %v, want the take at +10ms", got)
+	if len(got) != 1 || got[0] != now.Add(5*ms).UnixNano() {
+		t.Fatalf("takesFrom(tunis) = %v, want the take tunis's router expected at +5ms", got)
 	}
 	if got := v.takesFrom("tunis", now.Add(10*ms).UnixNano(), nil); len(got) != 0 {
 		t.Fatalf("takesFrom(tunis) since that take = %v, want none", got)
 	}
 	// The ring forgets the oldest takes, not the counts.
 	for i := range maxRecentTakes + 5 {
-		v.tookRouted("tunis", now.Add(time.Duration(100+i)*ms))
+		v.tookRouted("tunis", now.Add(time.Duration(100+i)*ms), time.Time{})
 	}
 	v.setMembers(busy, time.Second, now.Add(time.Second))
 	st, _ = v.state("here", "b1", "boot", now.Add(time.Second))
+	if berlin := v.takesFrom("berlin", 0, nil); len(berlin) != 0 {
+		t.Fatalf("takesFrom(berlin) after the ring turned = %v, want none", berlin)
+	}
 	if n := len(v.takesFrom("tunis", 0, nil)); st.Taken["tunis"] != maxRecentTakes+6 || n != maxRecentTakes {
 		t.Fatalf("after %d more takes: taken %d, %d times remembered; want %d and %d", maxRecentTakes+5, st.Taken["tunis"], n, maxRecentTakes+6, maxRecentTakes)
 	}

@@ -197,6 +197,7 @@ func (b *Bridge) exportWork(pk packets.Packet) {
 				m.exchange, m.key, m.wakesWork = RouteExchangeName(g.name), d.site, false
 				m.pub.Headers = maps.Clone(m.pub.Headers)
 				m.pub.Headers[headerRouted] = true
+				m.pub.Headers[headerDue] = d.due.UnixNano()
 				m.pub.Headers[headerBookedBy] = b.cfg.BrokerID
 				b.stats.wqRoutedTo(g.name, d.site)
 			case d.overflow:

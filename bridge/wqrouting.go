@@ -36,6 +36,11 @@ import (
 // count it as sent there.
 const headerRouted = "x-luffymq-routed"
 
+// headerDue is when the origin's router expects a routed message at its
+// site (Unix nanoseconds, the origin's clock): the site compares its
+// members' waits with what that router predicts from it (Extrapolates).
+const headerDue = "x-luffymq-due"
+
 // stateHeartbeatIntervals is how many StateIntervals at most pass between
 // two states of a broker that saw no change, to the site's other brokers
 // (on the LAN).
@@ -429,7 +434,7 @@ const maxDispatch = 64
 // consumers do, without the round trip of a pull.
 func (b *Bridge) dispatchHeld(ctx context.Context, ch *amqp.Channel, g *workGroup) error {
 	for range maxDispatch {
-		site := g.view.dispatch(time.Now(), g.router)
+		site, due := g.view.dispatch(time.Now(), g.router)
 		if site == "" {
 			return nil
 		}
@@ -448,6 +453,7 @@ func (b *Bridge) dispatchHeld(ctx context.Context, ch *amqp.Channel, g *workGrou
 			headers = amqp.Table{}
 		}
 		headers[headerRouted] = true
+		headers[headerDue] = due.UnixNano()
 		headers[headerBookedBy] = b.cfg.BrokerID
 		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, RouteExchangeName(g.name), site, false, false, amqp.Publishing{
 			Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,

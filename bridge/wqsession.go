@@ -279,7 +279,8 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 			routed, _ := d.Headers[headerRouted].(bool)
 			b.stats.wqFromSite(g.name, origin)
 			if routed {
-				g.view.tookRouted(origin, time.Now())
+				due, _ := d.Headers[headerDue].(int64)
+				g.view.tookRouted(origin, time.Now(), unixNanoTime(due))
 			}
 		}
 		if !b.deliverWork(g, d, gen, source) {
@@ -558,4 +559,12 @@ func (b *Bridge) moveRingWeight(ch *amqp.Channel, g string, ring, old, w int, ch
 		}
 	}
 	return nil
+}
+
+// unixNanoTime is the time of Unix nanoseconds ns; zero for 0.
+func unixNanoTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }

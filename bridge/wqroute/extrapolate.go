@@ -28,12 +28,14 @@ const maxExtrapolatedMembers = 32
 // order, within tolerance of last's run down by the time between them,
 // after placing on them each message taken from holder since last.
 //
-// Each such message starts when it was taken (holder's router counts it
-// started on arrival) or when the member that frees first is free,
-// whichever is later: takes holds the times (Unix nanoseconds, in order)
-// of the messages taken from holder since last was sent. A take whose time
-// is missing from it is placed at cur's send time, which a member that
-// took it earlier does not match. A member without a service time cannot
+// Each such message starts when holder's router expected it at the site
+// (it counts it started on arrival, Choice.Due) or when the member that
+// frees first is free, whichever is later: takes holds those times (Unix
+// nanoseconds, in order) for the messages taken from holder since last
+// was sent. A member that started a message later than its router
+// expected by more than tolerance, or earlier, is thus told. A take whose
+// time is missing from takes is placed at cur's send time, which a member
+// that took it earlier does not match. A member without a service time cannot
 // be predicted past its wait: it must have taken none of them. It
 // allocates nothing for groups of up to maxExtrapolatedMembers.
 func Extrapolates(last, cur State, holder string, takes []int64, tolerance time.Duration) bool {

@@ -365,6 +365,11 @@ type Choice struct {
 	// Fresh is false when no other site's state is fresh and predictable:
 	// the Router knows nothing, and the caller follows its old rule.
 	Fresh bool
+	// Due is when the Router expects the message at Site: now plus the
+	// one-way delay estimate. It counts a message started then if a
+	// member is free (site.start); the site, which knows when it took the
+	// message, compares its members with that (Extrapolates).
+	Due time.Time
 }
 
 // Route chooses where a message published now goes: the other site whose
@@ -423,7 +428,7 @@ func (r *Router) RouteWeighed(now time.Time, local, localCost, localLimit time.D
 	best.sent++
 	best.sends[best.nSends%maxTrackedSends] = now
 	best.nSends++
-	return Choice{Site: best.name, Start: bestStart, Fresh: true}
+	return Choice{Site: best.name, Start: bestStart, Fresh: true, Due: now.Add(best.delay)}
 }
 
 // SiteView is what a Router knows of one other site at a moment: the

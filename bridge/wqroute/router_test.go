@@ -26,8 +26,8 @@ func TestRouteNearestIdleWins(t *testing.T) {
 	r.Observe(stateAt("near", t0, 0, 0), t0.Add(20*ms))
 	r.Observe(stateAt("far", t0, 0, 0), t0.Add(120*ms))
 	c := r.Route(t0.Add(120*ms), 300*ms, time.Hour)
-	if c.Site != "near" || c.Start != 20*ms || !c.Fresh {
-		t.Fatalf("Route = %+v, want near at 20ms", c)
+	if c.Site != "near" || c.Start != 20*ms || !c.Fresh || !c.Due.Equal(t0.Add(140*ms)) {
+		t.Fatalf("Route = %+v, want near at 20ms, due there one delay after now", c)
 	}
 }
 
