@@ -56,6 +56,41 @@ func queuedOn(n *rabbitharness.Node, match func(name string) bool) (int, string,
 	return total, where.String(), nil
 }
 
+// reviveSite restarts a killed site's node, counts what its work queues
+// for group kept (what its links had carried into them before the node
+// died: beyond any other site's reach), then starts a broker there with
+// two members and waits (up to 30 s) until the broker has completed that
+// many messages. It may run outside the test's goroutine: it reports
+// with t.Error and returns ok false. (Should the broker or members fail
+// to start, require's Goexit still ends the caller's hook, and its final
+// count fails.)
+func reviveSite(t *testing.T, run *routeRun, site, group string) (kept int, restartedAt time.Time, ok bool) {
+	if err := run.h.RestartNode(context.Background(), site); err != nil {
+		t.Error(err)
+		return 0, time.Time{}, false
+	}
+	restartedAt = time.Now()
+	kept, where, err := queuedOn(run.h.Node(site), func(name string) bool {
+		return name == bridge.WorkQueueName(group) || name == bridge.IntakeQueueName(group)
+	})
+	if err != nil {
+		t.Error(err)
+		return 0, restartedAt, false
+	}
+	t.Logf("%s: %d messages in %s's work queues just after its restart: %s", group, kept, site, where)
+	b := startWQBroker(t, run.h, site, "", run.share, run.wqc)
+	for i := range 2 {
+		startWorker(t, b.MQTTAddr(), fmt.Sprintf("%s-%s-new-%d", group, site, i), run.share, site, 20*time.Millisecond, 5*time.Millisecond, run.tl)
+	}
+	// States come on demand: Tunis, done publishing, may not ask for
+	// the revived site's; its own members take what it kept.
+	back := time.Now()
+	for b.Bridge().WorkQueueStats()[group].Completed < uint64(kept) && time.Since(back) < 30*time.Second {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return kept, restartedAt, true
+}
+
 // startedAfter counts Tunis's messages first started at site after at.
 func startedAfter(r routeResult, site string, at time.Time) int {
 	r.tl.mu.Lock()
@@ -215,33 +250,9 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 				t.Logf("rdead: %d of tunis's messages processed (%d of them twice) %v after the end of publishing (berlin dead %v); %d unprocessed; %d taken back from the link queue towards berlin; %d messages left on links to berlin's node (tunis's and montréal's states among them, 1 s TTL): %s",
 					len(before), twiceBefore, doneAt.Sub(publishedAt).Round(time.Millisecond), doneAt.Sub(killedAt).Round(time.Millisecond), missing, reclaimed, onLinks, where)
 				// Berlin comes back: its node, a broker and two members.
-				// (Should they fail to start, require's Goexit still closes
-				// the hook's done channel, and the final count fails.)
-				if err := run.h.RestartNode(context.Background(), "berlin"); err != nil {
-					t.Error(err)
+				var ok bool
+				if inIntake, restartedAt, ok = reviveSite(t, run, "berlin", "rdead"); !ok {
 					return
-				}
-				restartedAt = time.Now()
-				var w string
-				var err error
-				inIntake, w, err = queuedOn(run.h.Node("berlin"), func(name string) bool {
-					return name == bridge.WorkQueueName("rdead") || name == bridge.IntakeQueueName("rdead")
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				t.Logf("rdead: %d messages in berlin's work queues just after its restart: %s", inIntake, w)
-				b := startWQBroker(t, run.h, "berlin", "", run.share, run.wqc)
-				for i := range 2 {
-					startWorker(t, b.MQTTAddr(), fmt.Sprintf("rdead-berlin-new-%d", i), run.share, "berlin", 20*time.Millisecond, 5*time.Millisecond, run.tl)
-				}
-				// Wait until the new broker has taken what berlin kept
-				// (states come on demand: tunis, done publishing, may
-				// not ask for berlin's), then for any second processing.
-				back := time.Now()
-				for b.Bridge().WorkQueueStats()["rdead"].Completed < uint64(inIntake) && time.Since(back) < 30*time.Second {
-					time.Sleep(100 * time.Millisecond)
 				}
 				time.Sleep(5 * time.Second)
 				after := processed()
@@ -285,10 +296,12 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 		// ringReclaimAfter (15 s), Tunis's broker takes it back into its
 		// intake, and every message is processed while Berlin is dead
 		// (without that, a third of them waited for Berlin, up to the
-		// link queue's 1 h TTL). Berlin's node is restarted at the end.
+		// link queue's 1 h TTL), but for any that Berlin's links had
+		// carried into its intake before the node died. Berlin then
+		// comes back (node, broker, two members) and processes those.
 		const messages = 140
 		const bound = 40 * time.Second // 15 s without a consumer, checks 5 s apart, a loaded machine
-		var missing int
+		var missing, inIntake int
 		var reclaimed uint64
 		r := runRouting(t, h, routeSetup{group: "rring", route: bridge.RouteRing, messages: messages, rate: 20, workers: workers(),
 			during: func(t *testing.T, run *routeRun) {
@@ -318,12 +331,13 @@ func TestWorkQueueRoutingFailures(t *testing.T) {
 				reclaimed = run.brokers["tunis"].Bridge().WorkQueueStats()["rring"].Reclaimed["berlin"]
 				t.Logf("rring: %d of %d processed %v after the end of publishing with berlin dead; %d taken back from the link queues towards berlin",
 					messages-missing, messages, time.Since(publishedAt).Round(time.Millisecond), reclaimed)
-				if err := run.h.RestartNode(context.Background(), "berlin"); err != nil {
-					t.Error(err)
-				}
+				// What Berlin's links had carried into its intake before
+				// the node died waits for Berlin: it comes back, and
+				// processes that.
+				inIntake, _, _ = reviveSite(t, run, "berlin", "rring")
 			}})
 		checkExactlyOnce(t, r)
-		require.Zero(t, missing, "%d of tunis's messages waited for dead berlin", missing)
+		require.LessOrEqual(t, missing, inIntake, "%d of tunis's messages waited for dead berlin, %d were in its intake", missing, inIntake)
 		require.Positive(t, reclaimed, "nothing was taken back from the link queues towards berlin")
 	})
 }
