@@ -110,16 +110,17 @@ func (v *overflowView) tookRouted(origin string, at, due time.Time) {
 
 // takesFrom appends to dst the times (Unix nanoseconds, oldest first) at
 // which origin's router expected the remembered messages it routed here
-// that were taken after since and by the time the members were last read
-// (when they were taken, for a message that does not say): its router
-// counts each started then, if a member was free.
-func (v *overflowView) takesFrom(origin string, since int64, dst []int64) []int64 {
+// that were taken after since (the members' reading of the last state
+// origin got: it counted those taken by then) and by the time the members
+// were last read (when they were taken, for a message that does not say):
+// its router counts each started then, if a member was free.
+func (v *overflowView) takesFrom(origin string, since time.Time, dst []int64) []int64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	start := len(dst)
 	for k := v.nextTake - min(v.nextTake, maxRecentTakes); k < v.nextTake; k++ {
 		t := v.recentTakes[k%maxRecentTakes]
-		if t.origin == origin && t.at.UnixNano() > since && !t.at.After(v.seen) {
+		if t.origin == origin && t.at.After(since) && !t.at.After(v.seen) {
 			if t.due.IsZero() {
 				dst = append(dst, t.at.UnixNano())
 			} else {
@@ -416,8 +417,9 @@ func (v *overflowView) undispatch() {
 // site routed here were taken by the time the members were read (one
 // taken since is not yet in their waits: it counts in the next state,
 // with them). It also returns how many messages the consume loop has
-// taken so far.
-func (v *overflowView) state(site, broker, boot string, now time.Time) (wqroute.State, uint64) {
+// taken so far, and when the members were read: the takes the state
+// counts are those by then.
+func (v *overflowView) state(site, broker, boot string, now time.Time) (wqroute.State, uint64, time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	taken := maps.Clone(v.routedFrom)
@@ -432,7 +434,7 @@ func (v *overflowView) state(site, broker, boot string, now time.Time) (wqroute.
 	for i := range st.Members {
 		st.Members[i].Wait = max(st.Members[i].Wait-elapsed, 0)
 	}
-	return st, v.taken
+	return st, v.taken, v.seen
 }
 
 // takeOverflowed returns how many publishes overflowed at publish since

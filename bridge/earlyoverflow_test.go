@@ -190,7 +190,7 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 		t.Fatalf("dispatch from an empty queue: %q, want none", site)
 	}
 	// State is published with the waits as of now.
-	if got, _ := v.state("here", "b1", "boot", now.Add(30*ms)); got.Members[0].Wait != 50*ms || got.Site != "here" {
+	if got, _, _ := v.state("here", "b1", "boot", now.Add(30*ms)); got.Members[0].Wait != 50*ms || got.Site != "here" {
 		t.Fatalf("state = %+v, want the member's wait 50ms", got)
 	}
 }
@@ -432,37 +432,46 @@ func TestOverflowViewStateCountsTakesWithTheMembers(t *testing.T) {
 	v.setMembers(idle, time.Second, now)
 	// Tunis's router expected it at +5ms; it was taken at +10ms.
 	v.tookRouted("tunis", now.Add(10*ms), now.Add(5*ms)) // being delivered
-	st, _ := v.state("here", "b1", "boot", now.Add(20*ms))
+	st, _, _ := v.state("here", "b1", "boot", now.Add(20*ms))
 	if st.Taken["tunis"] != 0 || st.Members[0].Wait != 0 {
 		t.Fatalf("state before the members are read again: taken %v, wait %v; want 0 and 0", st.Taken, st.Members[0].Wait)
 	}
-	if got := v.takesFrom("tunis", 0, nil); len(got) != 0 {
+	if got := v.takesFrom("tunis", time.Time{}, nil); len(got) != 0 {
 		t.Fatalf("takesFrom before the members are read again = %v, want none", got)
 	}
 	busy := []scoring.MemberSnapshot{{Online: true, ServiceEstimate: time.Second, PredictedWait: time.Second, InFlight: 1}}
 	v.setMembers(busy, time.Second, now.Add(15*ms))
 	v.tookRouted("berlin", now.Add(16*ms), time.Time{})
-	st, _ = v.state("here", "b1", "boot", now.Add(20*ms))
-	if st.Taken["tunis"] != 1 || st.Taken["berlin"] != 0 || st.Members[0].Wait != 995*ms {
-		t.Fatalf("state after: taken %v, wait %v; want tunis 1, berlin 0, 995ms", st.Taken, st.Members[0].Wait)
+	v.tookRouted("tunis", now.Add(17*ms), now.Add(12*ms)) // after the reading, before the state
+	st, _, read := v.state("here", "b1", "boot", now.Add(20*ms))
+	if st.Taken["tunis"] != 1 || st.Taken["berlin"] != 0 || st.Members[0].Wait != 995*ms || !read.Equal(now.Add(15*ms)) {
+		t.Fatalf("state after: taken %v, wait %v, members read at %v; want tunis 1, berlin 0, 995ms, +15ms", st.Taken, st.Members[0].Wait, read.Sub(now))
 	}
-	got := v.takesFrom("tunis", 0, nil)
+	got := v.takesFrom("tunis", time.Time{}, nil)
 	if len(got) != 1 || got[0] != now.Add(5*ms).UnixNano() {
 		t.Fatalf("takesFrom(tunis) = %v, want the take tunis's router expected at +5ms", got)
 	}
-	if got := v.takesFrom("tunis", now.Add(10*ms).UnixNano(), nil); len(got) != 0 {
+	if got := v.takesFrom("tunis", now.Add(10*ms), nil); len(got) != 0 {
 		t.Fatalf("takesFrom(tunis) since that take = %v, want none", got)
+	}
+	// The next state, with the members read again, counts the take made
+	// between the last reading and the last state: a holder collects the
+	// take times from that reading (not from the state's send time), or
+	// that take would have no time.
+	v.setMembers(busy, time.Second, now.Add(30*ms))
+	if got := v.takesFrom("tunis", read, nil); len(got) != 1 || got[0] != now.Add(12*ms).UnixNano() {
+		t.Fatalf("takesFrom(tunis) since the last state's reading = %v, want the take expected at +12ms", got)
 	}
 	// The ring forgets the oldest takes, not the counts.
 	for i := range maxRecentTakes + 5 {
 		v.tookRouted("tunis", now.Add(time.Duration(100+i)*ms), time.Time{})
 	}
 	v.setMembers(busy, time.Second, now.Add(time.Second))
-	st, _ = v.state("here", "b1", "boot", now.Add(time.Second))
-	if berlin := v.takesFrom("berlin", 0, nil); len(berlin) != 0 {
+	st, _, _ = v.state("here", "b1", "boot", now.Add(time.Second))
+	if berlin := v.takesFrom("berlin", time.Time{}, nil); len(berlin) != 0 {
 		t.Fatalf("takesFrom(berlin) after the ring turned = %v, want none", berlin)
 	}
-	if n := len(v.takesFrom("tunis", 0, nil)); st.Taken["tunis"] != maxRecentTakes+6 || n != maxRecentTakes {
-		t.Fatalf("after %d more takes: taken %d, %d times remembered; want %d and %d", maxRecentTakes+5, st.Taken["tunis"], n, maxRecentTakes+6, maxRecentTakes)
+	if n := len(v.takesFrom("tunis", time.Time{}, nil)); st.Taken["tunis"] != maxRecentTakes+7 || n != maxRecentTakes {
+		t.Fatalf("after %d more takes: taken %d, %d times remembered; want %d and %d", maxRecentTakes+5, st.Taken["tunis"], n, maxRecentTakes+7, maxRecentTakes)
 	}
 }

@@ -328,10 +328,12 @@ type stateSender struct {
 	takes []int64
 }
 
-// sentState is a state sent to one lease holder.
+// sentState is a state sent to one lease holder: when, and when the
+// members it reports were read (its Taken counts the takes by then).
 type sentState struct {
-	st wqroute.State
-	at time.Time
+	st          wqroute.State
+	at          time.Time
+	membersRead time.Time
 }
 
 // send publishes the state as of now, if it changed or a heartbeat is
@@ -349,7 +351,7 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 			return err
 		}
 	}
-	st, taken := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now)
+	st, taken, membersRead := g.view.state(b.cfg.Site, b.cfg.BrokerID, b.bootID, now)
 	st.Unbooked = b.stats.wqSiblingsReclaimed(g.name) // for the siblings' routers
 	c := changeOf(st, taken)
 	why := "change"
@@ -377,7 +379,7 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 		siteWhy := why
 		if site != b.cfg.Site && why != "lease" && s.interval > 0 {
 			if prev, ok := s.sentTo[site]; ok {
-				s.takes = g.view.takesFrom(site, prev.st.Sent, s.takes[:0])
+				s.takes = g.view.takesFrom(site, prev.membersRead, s.takes[:0])
 				if siteWhy = s.holderReason(prev, st, site, why, now, tolerance); siteWhy == "" {
 					continue
 				}
@@ -395,7 +397,7 @@ func (s *stateSender) send(ctx context.Context, now time.Time, only string, read
 			if s.sentTo == nil {
 				s.sentTo = map[string]sentState{}
 			}
-			s.sentTo[site] = sentState{st: st, at: now}
+			s.sentTo[site] = sentState{st: st, at: now, membersRead: membersRead}
 			b.stats.wqStateSent(g.name, site, siteWhy)
 		}
 	}
