@@ -782,6 +782,45 @@ func TestAdaptiveStalledMemberIsThrottled(t *testing.T) {
 	}
 }
 
+// TestAdaptiveReporterStillRunningIsOverdue: a QoS 0 member whose first
+// measurement of variable work came out at 1 ms (its true mean may be
+// fifty times that) is sent a message while idle; 100 ms later it reports
+// the message still running and two queued, none finished, with a backlog
+// worked out from its 1 ms mean. That message has run 100 ms: the member
+// is slower than its estimate, and must not be handed more before a member
+// due in 10 ms. Its estimate counts what it ran. A report that shows the
+// message finished ends it; a member whose reports never say what runs
+// (thesis keys only) is left to its model.
+func TestAdaptiveReporterStillRunningIsOverdue(t *testing.T) {
+	idle := func(pt time.Duration, received uint64) scoring.Load {
+		return scoring.Load{ProcessingTime: pt, Processed: 1, Workers: 1, Received: received, HasReceived: true, HasBacklog: true}
+	}
+	f := newFixture(t, adaptive, "fast", "b")
+	f.report("fast", idle(ms(1), 1))
+	f.report("b", idle(ms(10), 1))
+	require.Equal(t, "fast", f.sel())
+	f.advance(ms(100))
+	f.report("fast", scoring.Load{Pending: 2, InProgress: 1, Workers: 1, Received: 4, HasReceived: true, Backlog: ms(2), HasBacklog: true})
+	f.report("b", scoring.Load{InProgress: 1, ProcessingTime: ms(10), Processed: 1, Workers: 1, Received: 2, HasReceived: true, Backlog: ms(10), HasBacklog: true})
+	require.Greater(t, f.wait("fast"), ms(300), "a message running 100 ms at a member estimated at 1 ms")
+	require.Greater(t, f.member("fast").ServiceEstimate, ms(40))
+	require.Equal(t, "b", f.sel())
+	// It finishes: the next report measures it, and the member is due by
+	// its backlog again (and the share its variability adds).
+	f.advance(ms(10))
+	f.report("fast", scoring.Load{InProgress: 1, Pending: 1, ProcessingTime: ms(105), Processed: 1, Workers: 1, Received: 4, HasReceived: true, Backlog: ms(60), HasBacklog: true})
+	require.GreaterOrEqual(t, f.wait("fast"), ms(60))
+	require.Less(t, f.wait("fast"), ms(100))
+
+	// Thesis keys only: no InProgress, so nothing is known to run.
+	g := newFixture(t, adaptive, "t")
+	g.report("t", scoring.Load{ProcessingTime: ms(1)})
+	g.sel()
+	g.advance(ms(100))
+	g.report("t", scoring.Load{Pending: 2})
+	require.Less(t, g.wait("t"), ms(10))
+}
+
 // TestAdaptiveReceiptAcksDetectedBySpeed: acks far faster than the
 // reported processing time are receipts, not completions.
 func TestAdaptiveReceiptAcksDetectedBySpeed(t *testing.T) {

@@ -241,6 +241,11 @@ type member struct {
 	// reportVariability holds the processing times its reports gave,
 	// each the mean of Processed messages.
 	reportVariability Variability
+	// runningSince is when the message it runs started at the latest, as
+	// far as its reports and the sends tell: the report that said one was
+	// running with some finished, or the first send after a report of
+	// going idle (-1: unknown, or none running).
+	runningSince time.Duration
 	// reportedBusy is whether its last report had a message pending or
 	// running.
 	reportedBusy bool
@@ -291,6 +296,7 @@ func (m *member) reset(now time.Duration) {
 	m.ackWindow = durationWindow{}
 	m.ackVariability = Variability{}
 	m.reportVariability, m.reportedBusy, m.reportsIdle = Variability{}, false, false
+	m.runningSince = -1
 	m.burstFrom, m.burstCount, m.ackLag, m.ackGrid = now, 0, 0, ackGrid{}
 	m.unconfirmed = 0
 	m.unconfirmedSince = now
@@ -485,6 +491,19 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 		// what is queued now, were finished (or are running).
 		l.Processed = max(1, m.reportedPending+m.sentSinceReport-l.Pending)
 	}
+	// A report of a message running, none finished since the previous
+	// report that also said one was running, shows that message has run
+	// at least since then (runningSince): evidence the estimate may lack
+	// (a first measurement of variable work can be a tenth of the mean).
+	ranAtLeast := time.Duration(0)
+	switch {
+	case l.InProgress == 0:
+		m.runningSince = -1
+	case l.ProcessingTime == 0 && m.runningSince >= 0:
+		ranAtLeast = now - m.runningSince
+	default:
+		m.runningSince = now // started by now
+	}
 	// Thesis bookkeeping, exactly as §1.3.
 	m.thesisWindow.push(l.ProcessingTime)
 	m.reportedPending = l.Pending
@@ -543,6 +562,16 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 		backlog = m.runningRemaining(now, known, svc, 0)
 	}
 	m.freeAt = now + backlog + time.Duration(onTheWire)*svc
+	if limit := 2*svc + time.Millisecond; svc > 0 && ranAtLeast > limit {
+		// Running well past its estimate: slower than thought, or
+		// stalled, whatever its backlog says. It is taken as halfway
+		// through, the others it holds as long each (overdueWait), and
+		// what it ran counts as a measurement.
+		held := (l.Pending + l.InProgress + int(onTheWire) + m.workers - 1) / m.workers
+		m.freeAt = max(m.freeAt, now+overdueWait(ranAtLeast, held))
+		m.serviceWindow.push(ranAtLeast)
+		m.reportVariability.Add(ranAtLeast)
+	}
 }
 
 // runningRemaining estimates what is left of the message the member is
@@ -580,6 +609,10 @@ func (m *member) checkAcksAgainstReport(l Load) {
 // recordSend books a message handed to the member at now, which starts at
 // start and is assumed to take svc.
 func (m *member) recordSend(now, start, svc time.Duration) {
+	if m.reportsIdle && !m.reportedBusy && m.sentSinceReport == 0 {
+		// Reported idle, nothing sent since: this one starts on arrival.
+		m.runningSince = now
+	}
 	if m.unconfirmed == 0 {
 		m.unconfirmedSince = start
 	}
