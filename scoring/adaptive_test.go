@@ -788,9 +788,10 @@ func TestAdaptiveStalledMemberIsThrottled(t *testing.T) {
 // the message still running and two queued, none finished, with a backlog
 // worked out from its 1 ms mean. That message has run 100 ms: the member
 // is slower than its estimate, and must not be handed more before a member
-// due in 10 ms. Its estimate counts what it ran. A report that shows the
-// message finished ends it; a member whose reports never say what runs
-// (thesis keys only) is left to its model.
+// due in 10 ms. Its estimate counts what it ran, once however many reports
+// find it still running. A report that shows the message finished ends
+// it; a member whose reports never say what runs (thesis keys only) is
+// left to its model.
 func TestAdaptiveReporterStillRunningIsOverdue(t *testing.T) {
 	idle := func(pt time.Duration, received uint64) scoring.Load {
 		return scoring.Load{ProcessingTime: pt, Processed: 1, Workers: 1, Received: received, HasReceived: true, HasBacklog: true}
@@ -805,12 +806,17 @@ func TestAdaptiveReporterStillRunningIsOverdue(t *testing.T) {
 	require.Greater(t, f.wait("fast"), ms(300), "a message running 100 ms at a member estimated at 1 ms")
 	require.Greater(t, f.member("fast").ServiceEstimate, ms(40))
 	require.Equal(t, "b", f.sel())
+	// Still running 300 ms later: one message, measured once (1 ms and
+	// 400 ms, not 1, 100 and 400).
+	f.advance(ms(300))
+	f.report("fast", scoring.Load{Pending: 2, InProgress: 1, Workers: 1, Received: 4, HasReceived: true, Backlog: ms(2), HasBacklog: true})
+	require.InDelta(t, float64(ms(200)), float64(f.member("fast").ServiceEstimate), float64(ms(1)))
 	// It finishes: the next report measures it, and the member is due by
 	// its backlog again (and the share its variability adds).
 	f.advance(ms(10))
-	f.report("fast", scoring.Load{InProgress: 1, Pending: 1, ProcessingTime: ms(105), Processed: 1, Workers: 1, Received: 4, HasReceived: true, Backlog: ms(60), HasBacklog: true})
+	f.report("fast", scoring.Load{InProgress: 1, Pending: 1, ProcessingTime: ms(405), Processed: 1, Workers: 1, Received: 4, HasReceived: true, Backlog: ms(60), HasBacklog: true})
 	require.GreaterOrEqual(t, f.wait("fast"), ms(60))
-	require.Less(t, f.wait("fast"), ms(100))
+	require.Less(t, f.wait("fast"), ms(300), "no longer overdue")
 
 	// Thesis keys only: no InProgress, so nothing is known to run.
 	g := newFixture(t, adaptive, "t")

@@ -246,6 +246,9 @@ type member struct {
 	// running with some finished, or the first send after a report of
 	// going idle (-1: unknown, or none running).
 	runningSince time.Duration
+	// overdueMeasured is whether what that message ran already counts
+	// among the service measurements (applyReport).
+	overdueMeasured bool
 	// reportedBusy is whether its last report had a message pending or
 	// running.
 	reportedBusy bool
@@ -296,7 +299,7 @@ func (m *member) reset(now time.Duration) {
 	m.ackWindow = durationWindow{}
 	m.ackVariability = Variability{}
 	m.reportVariability, m.reportedBusy, m.reportsIdle = Variability{}, false, false
-	m.runningSince = -1
+	m.runningSince, m.overdueMeasured = -1, false
 	m.burstFrom, m.burstCount, m.ackLag, m.ackGrid = now, 0, 0, ackGrid{}
 	m.unconfirmed = 0
 	m.unconfirmedSince = now
@@ -498,11 +501,11 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 	ranAtLeast := time.Duration(0)
 	switch {
 	case l.InProgress == 0:
-		m.runningSince = -1
+		m.runningSince, m.overdueMeasured = -1, false
 	case l.ProcessingTime == 0 && m.runningSince >= 0:
 		ranAtLeast = now - m.runningSince
 	default:
-		m.runningSince = now // started by now
+		m.runningSince, m.overdueMeasured = now, false // started by now
 	}
 	// Thesis bookkeeping, exactly as §1.3.
 	m.thesisWindow.push(l.ProcessingTime)
@@ -562,17 +565,32 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 		backlog = m.runningRemaining(now, known, svc, 0)
 	}
 	m.freeAt = now + backlog + time.Duration(onTheWire)*svc
-	if limit := 2*svc + time.Millisecond; svc > 0 && ranAtLeast > limit {
-		// Running well past its estimate: slower than thought, or
+	if svc > 0 && ranAtLeast > reportedOverdueFactor*svc+reportedOverdueSlack {
+		// Running far past its estimate: slower than thought, or
 		// stalled, whatever its backlog says. It is taken as halfway
 		// through, the others it holds as long each (overdueWait), and
 		// what it ran counts as a measurement.
 		held := (l.Pending + l.InProgress + int(onTheWire) + m.workers - 1) / m.workers
 		m.freeAt = max(m.freeAt, now+overdueWait(ranAtLeast, held))
-		m.serviceWindow.push(ranAtLeast)
-		m.reportVariability.Add(ranAtLeast)
+		if m.overdueMeasured { // the same message, longer now
+			m.serviceWindow.replaceLast(ranAtLeast)
+		} else {
+			m.serviceWindow.push(ranAtLeast)
+			m.reportVariability.Add(ranAtLeast)
+			m.overdueMeasured = true
+		}
 	}
 }
+
+// A reporter's message is overdue (applyReport) once its reports show it
+// running longer than reportedOverdueFactor service estimates plus
+// reportedOverdueSlack: the times are the reports' arrivals, which a
+// loaded machine or network delays by tens of milliseconds, and a worker
+// that paused that long is not slower for it.
+const (
+	reportedOverdueFactor = 4
+	reportedOverdueSlack  = 10 * time.Millisecond
+)
 
 // runningRemaining estimates what is left of the message the member is
 // running when it holds queued messages besides: what the broker's model
@@ -611,7 +629,7 @@ func (m *member) checkAcksAgainstReport(l Load) {
 func (m *member) recordSend(now, start, svc time.Duration) {
 	if m.reportsIdle && !m.reportedBusy && m.sentSinceReport == 0 {
 		// Reported idle, nothing sent since: this one starts on arrival.
-		m.runningSince = now
+		m.runningSince, m.overdueMeasured = now, false
 	}
 	if m.unconfirmed == 0 {
 		m.unconfirmedSince = start
