@@ -1051,12 +1051,12 @@ func TestSimulationFleet(t *testing.T) {
 // work hides when a member will be free: adaptive must lose nothing and
 // beat join-the-shortest-queue (whose exact queue lengths are what matters
 // most when work is memoryless) with plain members and with SDK
-// reporters, but at 50 members acknowledging after their next read, where
-// it stays within 1.3× of it (7.58 against 6.72 ms; 10.4 before a sampled
-// group compared the members that had just freed up, 2026-11-28; 20.3
-// before acks at work ends were told from a timer's, 2026-11-27). In runs
-// four times as long, warm-up left behind, it is ahead there too (about
-// 4.1 against 5.5 ms). SDK reporters were behind jsq at 50 members (37.9
+// reporters. At 50 members acknowledging after their next read it was
+// behind until a member with a delivery unacknowledged lost ties to one
+// with none (7.58 against jsq's 6.72 ms, then 5.05; 2026-12-02; 10.4
+// before a sampled group compared the members that had just freed up,
+// 2026-11-28; 20.3 before acks at work ends were told from a timer's,
+// 2026-11-27). SDK reporters were behind jsq at 50 members (37.9
 // against 22.6 ms) until the simulated SDK deferred the reports its gaps
 // held back, as the SDK does, instead of dropping them, and sent its
 // warm-up reports (15.1 against 11.6, then 11.1 against 11.8; 2026-12-02).
@@ -1113,12 +1113,7 @@ func TestSimulationFleetVariableWork(t *testing.T) {
 				require.Greater(t, ack, means["informed-oracle"], name)
 				t.Logf("%s: ack-informed oracle %.2f ms = %.1f× the informed oracle; adaptive = %.1f× it", name, ack, ack/means["informed-oracle"], means["adaptive"]/ack)
 			}
-			switch {
-			case kind.afterRead && n >= 50:
-				require.LessOrEqual(t, means["adaptive"], 1.3*means["jsq"], name)
-			default:
-				require.Less(t, means["adaptive"], means["jsq"], name)
-			}
+			require.Less(t, means["adaptive"], means["jsq"], name)
 		}
 	}
 }

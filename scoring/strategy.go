@@ -276,7 +276,14 @@ func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 		c.held = m.held(now, c.start, c.svc)
 		c.capped = (!c.known || m.unproven()) && c.held >= e.cfg.NewcomerCap
 		if c.known {
-			c.held = 0 // the count breaks ties only while nothing is known
+			// The model's count breaks ties only while nothing is known;
+			// then the deliveries not acknowledged do, where acks mark
+			// finished work: a member predicted free with one still
+			// unacknowledged may not be, one with none is.
+			c.held = 0
+			if m.acksAreFinishes {
+				c.held = m.inflight
+			}
 		}
 		c.free = m.freeAt
 		c.sent = m.sentSinceReport
@@ -296,7 +303,8 @@ func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 
 // better reports whether candidate a beats b: uncapped first, then the
 // earlier predicted start, then the one holding fewer messages (with
-// nothing known yet, the least in flight), then the one idle longest, then
+// nothing known yet, the model's count; known, its unacknowledged
+// deliveries, where acks mark finished work), then the one idle longest, then
 // the one sent fewer messages since its last report (so that a burst at one
 // instant is spread instead of all going to the first member).
 func better(aCapped bool, aStart time.Duration, aHeld int, aFree time.Duration, aSent int,
