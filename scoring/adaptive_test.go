@@ -762,14 +762,7 @@ func TestAdaptiveReportCannotBuyWork(t *testing.T) {
 // the traffic.
 func TestAdaptiveStalledMemberIsThrottled(t *testing.T) {
 	f := newFixture(t, adaptive, "a", "b")
-	for i := 0; i < 4; i++ { // both learn 10 ms from acks
-		for _, id := range []string{"a", "b"} {
-			f.e.InFlightStarted(id)
-		}
-		f.advance(ms(10))
-		f.e.InFlightAcknowledged("a")
-		f.e.InFlightAcknowledged("b")
-	}
+	f.learnFromAcks(4, ms(10), "a", "b")
 	f.e.InFlightStarted("a")
 	f.e.InFlightStarted("a")
 	f.advance(ms(100)) // a stalls with two unacknowledged
@@ -836,14 +829,7 @@ func TestAdaptiveReporterStillRunningIsOverdue(t *testing.T) {
 // until this tie-break, 0.45 after.)
 func TestAdaptiveUnacknowledgedLosesTheTie(t *testing.T) {
 	f := newFixture(t, adaptive, "a", "b")
-	for i := 0; i < 4; i++ { // both learn 10 ms from acks
-		for _, id := range []string{"a", "b"} {
-			f.e.InFlightStarted(id)
-		}
-		f.advance(ms(10))
-		f.e.InFlightAcknowledged("a")
-		f.e.InFlightAcknowledged("b")
-	}
+	f.learnFromAcks(4, ms(10), "a", "b")
 	f.e.InFlightStarted("b") // b busy
 	require.Equal(t, "a", f.sel())
 	f.e.InFlightStarted("a")

@@ -41,6 +41,20 @@ func (f *fixture) add(id string) {
 
 func (f *fixture) advance(d time.Duration) { f.clock.Advance(d) }
 
+// learnFromAcks has each of ids take n messages one at a time, each
+// acknowledged service after it was sent.
+func (f *fixture) learnFromAcks(n int, service time.Duration, ids ...string) {
+	for range n {
+		for _, id := range ids {
+			f.e.InFlightStarted(id)
+		}
+		f.advance(service)
+		for _, id := range ids {
+			f.e.InFlightAcknowledged(id)
+		}
+	}
+}
+
 func (f *fixture) sel() string {
 	f.t.Helper()
 	id, ok := f.e.SelectMember(testGroup, scoring.Message{PublisherID: "pub", Topic: "t"})

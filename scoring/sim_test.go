@@ -494,12 +494,7 @@ func (s *simRun) reportAt(i int, at time.Duration) {
 // start a message soonest, knowing every member's exact queue; ties go to
 // the one idle longest.
 func (s *simRun) oracle() int {
-	best := -1
-	var bestStart, bestIdle time.Duration
-	for i, m := range s.members {
-		if !m.joined {
-			continue
-		}
+	return s.earliest(func(m *simMember) time.Duration {
 		start := s.now + s.cfg.wire
 		if m.busy && m.busyUntil > start {
 			start = m.busyUntil
@@ -507,10 +502,23 @@ func (s *simRun) oracle() int {
 		for _, id := range m.fifo {
 			start += s.serviceOf(m, id)
 		}
-		start += time.Duration(m.onWire) * m.service
-		idle := m.busyUntil // idle since then, when start is now
-		if best < 0 || start < bestStart || (start == bestStart && idle < bestIdle) {
-			best, bestStart, bestIdle = i, start, idle
+		return start + time.Duration(m.onWire)*m.service
+	})
+}
+
+// earliest returns the joined member whose start (as the oracle calling
+// it works it out) is soonest; ties go to the one idle longest.
+func (s *simRun) earliest(start func(m *simMember) time.Duration) int {
+	best := -1
+	var bestStart, bestIdle time.Duration
+	for i, m := range s.members {
+		if !m.joined {
+			continue
+		}
+		at := start(m)
+		idle := m.busyUntil // idle since then, when at is now
+		if best < 0 || at < bestStart || (at == bestStart && idle < bestIdle) {
+			best, bestStart, bestIdle = i, at, idle
 		}
 	}
 	return best
@@ -523,19 +531,7 @@ func (s *simRun) oracle() int {
 // exponential work that is a whole mean however long it has run; with fixed
 // work it is exact. Ties go to the one idle longest.
 func (s *simRun) informedOracle() int {
-	best := -1
-	var bestStart, bestIdle time.Duration
-	for i, m := range s.members {
-		if !m.joined {
-			continue
-		}
-		start := s.informedStart(i)
-		idle := m.busyUntil
-		if best < 0 || start < bestStart || (start == bestStart && idle < bestIdle) {
-			best, bestStart, bestIdle = i, start, idle
-		}
-	}
-	return best
+	return s.earliest(s.informedStart)
 }
 
 // ackInformedOracle knows what a broker could at best know of QoS 1
@@ -551,12 +547,7 @@ func (s *simRun) informedOracle() int {
 // Ties go to the member idle longest.
 func (s *simRun) ackInformedOracle() int {
 	require.True(s.t, s.cfg.qos1 && s.cfg.ackFlush > 0 && s.cfg.scenario.expService, "the ack-informed oracle models QoS 1 members that flush their acks on a timer, on exponential work")
-	best := -1
-	var bestStart, bestIdle time.Duration
-	for i, m := range s.members {
-		if !m.joined {
-			continue
-		}
+	return s.earliest(func(m *simMember) time.Duration {
 		start := s.now + s.cfg.wire
 		if n := m.seenInflight; n > 0 {
 			// The acks of the last flush whose acks must have arrived by
@@ -569,12 +560,8 @@ func (s *simRun) ackInformedOracle() int {
 			lambda := float64(max(s.now-max(m.busySince, tick), 0)) / float64(m.service)
 			start = max(start, s.now+time.Duration(poissonShortfall(n, lambda)*float64(m.service)))
 		}
-		idle := m.busyUntil
-		if best < 0 || start < bestStart || (start == bestStart && idle < bestIdle) {
-			best, bestStart, bestIdle = i, start, idle
-		}
-	}
-	return best
+		return start
+	})
 }
 
 // reportInformedOracle knows what a broker could at best know of QoS 0
@@ -590,12 +577,7 @@ func (s *simRun) ackInformedOracle() int {
 // member idle longest.
 func (s *simRun) reportInformedOracle() int {
 	require.True(s.t, !s.cfg.qos1 && s.cfg.scenario.expService && s.cfg.reporting != reportsSDK && s.cfg.reporting != reportsNone, "the report-informed oracle models QoS 0 thesis-format reporters on exponential work")
-	best := -1
-	var bestStart, bestIdle time.Duration
-	for i, m := range s.members {
-		if !m.joined {
-			continue
-		}
+	return s.earliest(func(m *simMember) time.Duration {
 		held := m.seenPending
 		if held > 0 {
 			held++ // and the one it was running
@@ -608,12 +590,8 @@ func (s *simRun) reportInformedOracle() int {
 			lambda := float64(max(s.now-m.seenWrittenAt, 0)) / float64(m.service)
 			start = max(start, s.now+time.Duration(poissonShortfall(held, lambda)*float64(m.service)))
 		}
-		idle := m.busyUntil
-		if best < 0 || start < bestStart || (start == bestStart && idle < bestIdle) {
-			best, bestStart, bestIdle = i, start, idle
-		}
-	}
-	return best
+		return start
+	})
 }
 
 // poissonShortfall is E[max(n − N, 0)] for N ~ Poisson(lambda): how many of
@@ -629,9 +607,8 @@ func poissonShortfall(n int, lambda float64) float64 {
 }
 
 // informedStart is the informed oracle's expected start of a message sent
-// to member i now.
-func (s *simRun) informedStart(i int) time.Duration {
-	m := s.members[i]
+// to member m now.
+func (s *simRun) informedStart(m *simMember) time.Duration {
 	ahead := time.Duration(len(m.fifo)+m.onWire) * m.service
 	start := s.now
 	if m.busy && m.busyUntil > s.now {
