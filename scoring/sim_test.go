@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -200,7 +201,11 @@ type simMember struct {
 	// when it was written, and when the broker sent it messages.
 	seenPending   int
 	seenWrittenAt time.Duration
-	sendTimes     []time.Duration
+	// and the processing times its reports gave: their sum over the
+	// messages each covered, and how many those were.
+	seenDoneSum time.Duration
+	seenDone    int
+	sendTimes   []time.Duration
 }
 
 // tp is the member's own current processing time estimate, as the SDK
@@ -232,7 +237,7 @@ type simEvent struct {
 	at     time.Duration
 	kind   simEventKind
 	member int
-	msg    int // evArrive: message id
+	msg    int // evArrive: message id; evReport: the messages its processing time covers
 	load   scoring.Load
 	seq    int
 }
@@ -288,8 +293,9 @@ type simRun struct {
 	dequeued  []bool
 	dups      int
 	jitterRNG *rand.Rand
-	held      []int         // late binding: messages waiting at the broker
-	recheckAt time.Duration // the next evRecheck scheduled
+	estimates []time.Duration // reportEstimatingOracle's, reused
+	held      []int           // late binding: messages waiting at the broker
+	recheckAt time.Duration   // the next evRecheck scheduled
 }
 
 // toMember is when something the broker sends to member i now arrives.
@@ -368,6 +374,8 @@ func (s *simRun) send(msg int) {
 		i = s.ackInformedOracle()
 	case "report-informed-oracle":
 		i = s.reportInformedOracle()
+	case "report-estimating-oracle":
+		i = s.reportEstimatingOracle()
 	default:
 		id, ok := s.engine.SelectMember(simGroup, scoring.Message{PublisherID: "pub", Topic: "sensors"})
 		require.True(s.t, ok)
@@ -434,6 +442,7 @@ func (s *simRun) report(i int) {
 		l.WrittenAgo = s.cfg.wire + s.cfg.jitter/2 // the broker measures the one-way delay
 	}
 	s.reports++
+	covered := m.doneSince
 	if l.ProcessingTime > 0 {
 		m.lastTp = l.ProcessingTime
 		m.measured += m.doneSince
@@ -444,7 +453,7 @@ func (s *simRun) report(i int) {
 	m.lastReportedQ = len(m.fifo)
 	m.lastReportedBusy = m.busy || len(m.fifo) > 0
 	m.receivedAtReport = m.received
-	s.push(simEvent{at: s.toBroker(i), kind: evReport, member: i, load: l})
+	s.push(simEvent{at: s.toBroker(i), kind: evReport, member: i, load: l, msg: covered})
 }
 
 // maybeReportOnChange sends the SDK's reports on change: on going idle and
@@ -503,12 +512,26 @@ func (s *simRun) oracle() int {
 			start += s.serviceOf(m, id)
 		}
 		return start + time.Duration(m.onWire)*m.service
-	})
+	}, trulyIdleSince)
+}
+
+// trulyIdleSince is when m last finished a message: the tie-break of the
+// oracles that know every member's queue.
+func trulyIdleSince(m *simMember) time.Duration { return m.busyUntil }
+
+// lastSentTo is when the broker last sent m a message (-1: never): the
+// tie-break of the oracles that know only what a broker can.
+func lastSentTo(m *simMember) time.Duration {
+	if len(m.sendTimes) == 0 {
+		return -1
+	}
+	return m.sendTimes[len(m.sendTimes)-1]
 }
 
 // earliest returns the joined member whose start (as the oracle calling
-// it works it out) is soonest; ties go to the one idle longest.
-func (s *simRun) earliest(start func(m *simMember) time.Duration) int {
+// it works it out) is soonest; ties go to the one idle longest, as far as
+// the oracle knows: since idleSince.
+func (s *simRun) earliest(start, idleSince func(m *simMember) time.Duration) int {
 	best := -1
 	var bestStart, bestIdle time.Duration
 	for i, m := range s.members {
@@ -516,7 +539,7 @@ func (s *simRun) earliest(start func(m *simMember) time.Duration) int {
 			continue
 		}
 		at := start(m)
-		idle := m.busyUntil // idle since then, when at is now
+		idle := idleSince(m)
 		if best < 0 || at < bestStart || (at == bestStart && idle < bestIdle) {
 			best, bestStart, bestIdle = i, at, idle
 		}
@@ -531,7 +554,7 @@ func (s *simRun) earliest(start func(m *simMember) time.Duration) int {
 // exponential work that is a whole mean however long it has run; with fixed
 // work it is exact. Ties go to the one idle longest.
 func (s *simRun) informedOracle() int {
-	return s.earliest(s.informedStart)
+	return s.earliest(s.informedStart, trulyIdleSince)
 }
 
 // ackInformedOracle knows what a broker could at best know of QoS 1
@@ -544,7 +567,8 @@ func (s *simRun) informedOracle() int {
 // holds. With acks flushed on a timer (paho.golang's 50 ms) this is the
 // bound of issue 23 for what any broker could do with them; the informed
 // oracle, which sees every member's queue at every instant, knows more.
-// Ties go to the member idle longest.
+// Ties go to the member sent a message longest ago (a broker does not know
+// which of them is idle longest).
 func (s *simRun) ackInformedOracle() int {
 	require.True(s.t, s.cfg.qos1 && s.cfg.ackFlush > 0 && s.cfg.scenario.expService, "the ack-informed oracle models QoS 1 members that flush their acks on a timer, on exponential work")
 	return s.earliest(func(m *simMember) time.Duration {
@@ -561,7 +585,7 @@ func (s *simRun) ackInformedOracle() int {
 			start = max(start, s.now+time.Duration(poissonShortfall(n, lambda)*float64(m.service)))
 		}
 		return start
-	})
+	}, lastSentTo)
 }
 
 // reportInformedOracle knows what a broker could at best know of QoS 0
@@ -573,25 +597,60 @@ func (s *simRun) ackInformedOracle() int {
 // running one besides; one that reported none may have been, but the
 // report does not say. What it finished since the report is a Poisson
 // count of that time over its mean, capped by what it held. This is the
-// bound of issue 23 for what such reports leave any broker. Ties go to the
-// member idle longest.
+// bound of issue 23 for what such reports leave any broker, if it knew the
+// members' speeds (reportEstimatingOracle learns them). Ties go to the
+// member sent a message longest ago.
 func (s *simRun) reportInformedOracle() int {
 	require.True(s.t, !s.cfg.qos1 && s.cfg.scenario.expService && s.cfg.reporting != reportsSDK && s.cfg.reporting != reportsNone, "the report-informed oracle models QoS 0 thesis-format reporters on exponential work")
+	return s.earliest(func(m *simMember) time.Duration { return s.reportInformedStart(m, m.service) }, lastSentTo)
+}
+
+// reportInformedStart is the expected start of a message sent to m now, as
+// far as m's last thesis-format report and the sends since tell, for a
+// mean service time svc (0: unknown, no wait counted).
+func (s *simRun) reportInformedStart(m *simMember, svc time.Duration) time.Duration {
+	held := m.seenPending
+	if held > 0 {
+		held++ // and the one it was running
+	}
+	for k := len(m.sendTimes) - 1; k >= 0 && m.sendTimes[k] > m.seenWrittenAt; k-- {
+		held++
+	}
+	start := s.now + s.cfg.wire
+	if held > 0 && svc > 0 {
+		lambda := float64(max(s.now-m.seenWrittenAt, 0)) / float64(svc)
+		start = max(start, s.now+time.Duration(poissonShortfall(held, lambda)*float64(svc)))
+	}
+	return start
+}
+
+// reportEstimatingOracle is reportInformedOracle without the members'
+// true means: it estimates each from what their reports said, the mean of
+// every processing time reported weighted by the messages it covered (the
+// best estimate of a fixed mean), and gives a member without one the
+// median of the others'. It is the bound of what thesis-format reports
+// every second leave any broker that must learn the members' speeds.
+func (s *simRun) reportEstimatingOracle() int {
+	require.True(s.t, !s.cfg.qos1 && s.cfg.scenario.expService && s.cfg.reporting != reportsSDK && s.cfg.reporting != reportsNone, "the report-estimating oracle models QoS 0 thesis-format reporters on exponential work")
+	known := s.estimates[:0]
+	for _, m := range s.members {
+		if m.seenDone > 0 {
+			known = append(known, m.seenDoneSum/time.Duration(m.seenDone))
+		}
+	}
+	var median time.Duration
+	if len(known) > 0 {
+		slices.Sort(known)
+		median = known[len(known)/2]
+	}
+	s.estimates = known
 	return s.earliest(func(m *simMember) time.Duration {
-		held := m.seenPending
-		if held > 0 {
-			held++ // and the one it was running
+		svc := median
+		if m.seenDone > 0 {
+			svc = m.seenDoneSum / time.Duration(m.seenDone)
 		}
-		for k := len(m.sendTimes) - 1; k >= 0 && m.sendTimes[k] > m.seenWrittenAt; k-- {
-			held++
-		}
-		start := s.now + s.cfg.wire
-		if held > 0 {
-			lambda := float64(max(s.now-m.seenWrittenAt, 0)) / float64(m.service)
-			start = max(start, s.now+time.Duration(poissonShortfall(held, lambda)*float64(m.service)))
-		}
-		return start
-	})
+		return s.reportInformedStart(m, svc)
+	}, lastSentTo)
 }
 
 // poissonShortfall is E[max(n − N, 0)] for N ~ Poisson(lambda): how many of
@@ -714,6 +773,10 @@ func runSim(t *testing.T, cfg simConfig) simResult {
 		case evReport:
 			require.True(t, engine.Report(m.id, ev.load))
 			m.seenPending, m.seenWrittenAt = ev.load.Pending, s.now-s.cfg.wire
+			if ev.load.ProcessingTime > 0 && ev.msg > 0 {
+				m.seenDoneSum += ev.load.ProcessingTime * time.Duration(ev.msg)
+				m.seenDone += ev.msg
+			}
 		case evAck:
 			engine.InFlightAcknowledged(m.id)
 			m.seenInflight--
@@ -1124,7 +1187,7 @@ func TestSimulationFleetVariableWork(t *testing.T) {
 			case flush > 0:
 				strategies = append(strategies, "ack-informed-oracle")
 			case kind.reporting == reportsThesisKeys:
-				strategies = append(strategies, "report-informed-oracle")
+				strategies = append(strategies, "report-informed-oracle", "report-estimating-oracle")
 			}
 			for _, strategy := range strategies {
 				for seed := uint64(31); seed < 36; seed++ {
@@ -1157,6 +1220,14 @@ func TestSimulationFleetVariableWork(t *testing.T) {
 					require.Greater(t, b, means["informed-oracle"], name)
 					t.Logf("%s: %s %.2f ms = %.1f× the informed oracle; adaptive = %.1f× it", name, bound, b, b/means["informed-oracle"], means["adaptive"]/b)
 				}
+			}
+			if e := means["report-estimating-oracle"]; e > 0 {
+				// Learning the members' speeds from the reports costs the
+				// bound above what its true means gave it; adaptive, which
+				// learns them too, must come close to what it does.
+				require.Greater(t, e, means["report-informed-oracle"], name)
+				require.Less(t, means["adaptive"], 1.1*e, name)
+				t.Logf("%s: report-estimating-oracle %.2f ms = %.1f× the report-informed oracle; adaptive = %.2f× it", name, e, e/means["report-informed-oracle"], means["adaptive"]/e)
 			}
 			require.Less(t, means["adaptive"], means["jsq"], name)
 		}
