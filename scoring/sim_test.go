@@ -182,6 +182,9 @@ type simMember struct {
 	lastReportedBusy bool
 	receivedAtReport uint64
 	reportDueAt      time.Duration // when a deferred report is reconsidered
+	// periodicAt is when the SDK's periodic report is due: an interval
+	// after its last report of any kind (clientsdk's reportSchedule).
+	periodicAt time.Duration
 
 	latencies []time.Duration // per dequeued message, in dequeue order
 	// lastService is how long the message it ran last took.
@@ -453,6 +456,10 @@ func (s *simRun) report(i int) {
 	m.lastReportedQ = len(m.fifo)
 	m.lastReportedBusy = m.busy || len(m.fifo) > 0
 	m.receivedAtReport = m.received
+	if s.cfg.reporting == reportsSDK {
+		m.periodicAt = s.now + simReportEvery
+		s.push(simEvent{at: m.periodicAt, kind: evTimer, member: i})
+	}
 	s.push(simEvent{at: s.toBroker(i), kind: evReport, member: i, load: l, msg: covered})
 }
 
@@ -732,7 +739,8 @@ func runSim(t *testing.T, cfg simConfig) simResult {
 			engine.Connect(m.id)
 			engine.Join(simGroup, m.id)
 			if cfg.reporting != reportsNone {
-				s.push(simEvent{at: s.now + simReportEvery, kind: evTimer, member: ev.member})
+				m.periodicAt = s.now + simReportEvery
+				s.push(simEvent{at: m.periodicAt, kind: evTimer, member: ev.member})
 			}
 			if cfg.qos1 && cfg.ackFlush > 0 {
 				s.push(simEvent{at: s.now + cfg.ackFlush, kind: evAckFlush, member: ev.member})
@@ -792,11 +800,19 @@ func runSim(t *testing.T, cfg simConfig) simResult {
 				s.maybeReportOnChange(ev.member)
 			}
 		case evTimer:
-			if cfg.reporting == reportsNone {
-				break
+			switch cfg.reporting {
+			case reportsNone:
+			case reportsSDK:
+				// The SDK's periodic report comes an interval after its
+				// last report, whatever that was sent for (report
+				// schedules the next).
+				if ev.at == m.periodicAt {
+					s.report(ev.member)
+				}
+			default: // a timer of its own, every interval
+				s.report(ev.member)
+				s.push(simEvent{at: ev.at + simReportEvery, kind: evTimer, member: ev.member})
 			}
-			s.report(ev.member)
-			s.push(simEvent{at: ev.at + simReportEvery, kind: evTimer, member: ev.member})
 		case evPublish:
 			msg := len(s.published)
 			s.published = append(s.published, s.now)
