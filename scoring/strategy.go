@@ -277,12 +277,19 @@ func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 		c.capped = (!c.known || m.unproven()) && c.held >= e.cfg.NewcomerCap
 		if c.known {
 			// The model's count breaks ties only while nothing is known;
-			// then the deliveries not acknowledged do, where acks mark
-			// finished work: a member predicted free with one still
-			// unacknowledged may not be, one with none is.
-			c.held = 0
-			if m.acksAreFinishes {
+			// then what the member was sent and has not said it finished
+			// does: the deliveries not acknowledged, where acks mark
+			// finished work, or, for a member that reports going idle at
+			// once (the SDK), what its last report held and what it was
+			// sent since. A member predicted free with one of those may
+			// not be; one with none is.
+			switch {
+			case m.qosDeliveries == 0 && m.reportsIdle:
+				c.held = m.reportedPending + m.sentSinceReport
+			case m.acksAreFinishes:
 				c.held = m.inflight
+			default:
+				c.held = 0
 			}
 		}
 		c.free = m.freeAt
