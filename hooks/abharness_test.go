@@ -30,6 +30,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/stretchr/testify/require"
 
+	"github.com/luffymq/luffymq/broker"
 	"github.com/luffymq/luffymq/broker/pingreq"
 	"github.com/luffymq/luffymq/clientsdk/report"
 	"github.com/luffymq/luffymq/hooks"
@@ -40,13 +41,17 @@ import (
 const (
 	abVanilla = "vanilla"
 	abLuffyMQ = "luffymq"
+	// abBroker is the luffymq broker itself (broker.New with the luffymq
+	// binary's default flags): every hook and listener it adds, not only
+	// the selection's.
+	abBroker = "luffymq-broker"
 
 	abFanout = "fanout"
 	abShared = "shared"
 )
 
 var (
-	abSystems  = []string{abVanilla, abLuffyMQ}
+	abSystems  = []string{abVanilla, abLuffyMQ, abBroker}
 	abPatterns = []string{abFanout, abShared}
 	abQoS      = []byte{0, 1}
 )
@@ -77,7 +82,7 @@ const (
 
 // abConfig is one combination of the A/B matrix.
 type abConfig struct {
-	System   string // abVanilla or abLuffyMQ
+	System   string // abVanilla, abLuffyMQ or abBroker
 	Pattern  string // abFanout or abShared
 	QoS      byte
 	Messages int
@@ -129,6 +134,7 @@ type abRun struct {
 	cfg abConfig
 
 	server *mqtt.Server
+	broker *broker.Broker // abBroker: the broker that runs server
 	addr   string
 
 	subs []*paho.Client
@@ -226,6 +232,10 @@ func newABRun(tb testing.TB, cfg abConfig) *abRun {
 func (r *abRun) startServer() {
 	tb := r.tb
 	tb.Helper()
+	if r.cfg.System == abBroker {
+		r.startBroker()
+		return
+	}
 	server := mqtt.New(&mqtt.Options{
 		InlineClient: false,
 		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -258,6 +268,21 @@ func (r *abRun) startServer() {
 	require.NoError(tb, server.Serve())
 	r.server = server
 	r.addr = tcp.Address()
+}
+
+// startBroker starts the luffymq broker as the binary does with its
+// default flags, on free loopback ports, quiet.
+func (r *abRun) startBroker() {
+	tb := r.tb
+	tb.Helper()
+	cfg, err := broker.ConfigFromArgs([]string{"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "error"}, io.Discard, io.Discard)
+	require.NoError(tb, err)
+	b, err := broker.New(cfg)
+	require.NoError(tb, err)
+	require.NoError(tb, b.Start())
+	r.broker = b // closed by close
+	r.server = b.Server()
+	r.addr = b.MQTTAddr()
 }
 
 // connect connects an MQTT v5 paho client with paho's defaults: QoS 1
@@ -504,7 +529,13 @@ func (r *abRun) close() {
 			return // Close would wait for them too
 		}
 		done := make(chan error, 1)
-		go func() { done <- r.server.Close() }()
+		go func() {
+			if r.broker != nil {
+				done <- r.broker.Close() // closes its Mochi server too
+				return
+			}
+			done <- r.server.Close()
+		}()
 		select {
 		case err := <-done:
 			if err != nil {
