@@ -507,9 +507,17 @@ func (h *SelectionHook) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.P
 		}
 		if merged {
 			// MergeSharedSelected's merge of the only selected member.
-			if cls, ok := subs.Subscriptions[id]; ok {
+			// Merged with itself, a subscription without an identifier
+			// only gains the map {filter: 0}, for which Mochi then builds
+			// and sorts, for every delivery, a list of identifiers that
+			// encodes to nothing (it writes those above 0): it goes in as
+			// it is.
+			switch cls, ok := subs.Subscriptions[id]; {
+			case ok:
 				subs.Subscriptions[id] = cls.Merge(sub)
-			} else {
+			case sub.Identifier == 0 && sub.Identifiers == nil:
+				subs.Subscriptions[id] = sub
+			default:
 				subs.Subscriptions[id] = sub.Merge(sub)
 			}
 			delete(subs.Shared, filter)

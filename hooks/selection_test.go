@@ -1,6 +1,7 @@
 package hooks_test
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
 	"net"
@@ -313,6 +314,43 @@ func TestSelectedMemberJoinsTheRecipientsAsMochiMergesIt(t *testing.T) {
 			got.MergeSharedSelected()
 			require.Contains(t, wants, got.Subscriptions)
 		})
+	}
+}
+
+// TestSelectedMemberWithoutIdentifierDeliversAsMochiWould: a member whose
+// subscription has no subscription identifier joins the recipients as it
+// is; Mochi's self-merge would give it the identifier map {filter: 0},
+// which its publishToClient turns into an identifier list that encodes to
+// nothing. The delivered PUBLISH is the same either way: no identifier.
+func TestSelectedMemberWithoutIdentifierDeliversAsMochiWould(t *testing.T) {
+	f := newHookFixture(t)
+	f.connect(t, "m1", "$share/g/t")
+	sub := packets.Subscription{Filter: "$share/g/t", ShareName: []string{"g"}, Qos: 1}
+	subs := &mqtt.Subscribers{
+		Shared:              map[string]map[string]packets.Subscription{"$share/g/t": {"m1": sub}},
+		SharedSelected:      map[string]packets.Subscription{},
+		Subscriptions:       map[string]packets.Subscription{},
+		InlineSubscriptions: map[int]mqtt.InlineSubscription{},
+	}
+	got := f.hook.OnSelectSubscribers(subs, packets.Packet{TopicName: "t"})
+	require.Empty(t, got.Shared)
+	require.Equal(t, map[string]packets.Subscription{"m1": sub}, got.Subscriptions)
+
+	mochi := sub.Merge(sub) // what MergeSharedSelected would have put there
+	require.Equal(t, map[string]int{"$share/g/t": 0}, mochi.Identifiers)
+	for name, s := range map[string]packets.Subscription{"hook": got.Subscriptions["m1"], "mochi": mochi} {
+		// publishToClient: an identifier list from the map, encoded with
+		// every identifier above 0.
+		pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, TopicName: "t", PacketID: 1, ProtocolVersion: 5}
+		for _, id := range s.Identifiers {
+			pk.Properties.SubscriptionIdentifier = append(pk.Properties.SubscriptionIdentifier, id)
+		}
+		var buf bytes.Buffer
+		require.NoError(t, pk.PublishEncode(&buf), name)
+		plain := packets.Packet{FixedHeader: pk.FixedHeader, TopicName: "t", PacketID: 1, ProtocolVersion: 5}
+		var want bytes.Buffer
+		require.NoError(t, plain.PublishEncode(&want))
+		require.Equal(t, want.Bytes(), buf.Bytes(), "%s: the PUBLISH carries no subscription identifier", name)
 	}
 }
 
