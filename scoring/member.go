@@ -430,7 +430,7 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 		// no more than any other moment, so the messages the member holds
 		// (reported, plus sent since) count each a service time however
 		// long ago they were sent, in the share cv² of the estimate.
-		held := m.reportedPending + m.sentSinceReport
+		held := m.heldByReport()
 		if m.reportedBusy && m.reportedPending == 0 {
 			held++ // the running one
 		}
@@ -789,8 +789,13 @@ func (m *member) outstanding() int {
 	if m.qosDeliveries > 0 {
 		return m.inflight
 	}
-	return m.reportedPending + m.sentSinceReport
+	return m.heldByReport()
 }
+
+// heldByReport is what the member holds as far as its last report and the
+// broker's sends tell: the pending count it reported and the messages sent
+// to it since. m's lock is held.
+func (m *member) heldByReport() int { return m.reportedPending + m.sentSinceReport }
 
 // lockedAtReceiveMaximum reports whether the member holds as many
 // unacknowledged deliveries as its Receive Maximum allows; it takes the

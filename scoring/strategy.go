@@ -285,7 +285,7 @@ func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 			// not be; one with none is.
 			switch {
 			case m.qosDeliveries == 0 && m.reportsIdle:
-				c.held = m.reportedPending + m.sentSinceReport
+				c.held = m.heldByReport()
 			case m.acksAreFinishes:
 				c.held = m.inflight
 			default:
@@ -310,8 +310,10 @@ func bestCandidate(e *Engine, g *group, now time.Duration) (int, candidate) {
 
 // better reports whether candidate a beats b: uncapped first, then the
 // earlier predicted start, then the one holding fewer messages (with
-// nothing known yet, the model's count; known, its unacknowledged
-// deliveries, where acks mark finished work), then the one idle longest, then
+// nothing known yet, the model's count; known, what it has not said it
+// finished: its unacknowledged deliveries where acks mark finished work,
+// or, where it reports going idle at once, what its last report held and
+// was sent since), then the one idle longest, then
 // the one sent fewer messages since its last report (so that a burst at one
 // instant is spread instead of all going to the first member).
 func better(aCapped bool, aStart time.Duration, aHeld int, aFree time.Duration, aSent int,
