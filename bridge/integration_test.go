@@ -403,3 +403,72 @@ func TestFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestPublishesDoNotWaitForEarlierConfirms checks that the bridge writes a
+// message to RabbitMQ as soon as it is published, not once the messages
+// before it are confirmed. Over a link of 100 ms each way a confirm comes
+// back 200 ms after its publish: a bridge that waited for it would hold a
+// message published meanwhile until then, and it would reach the node
+// 200–300 ms after its publish instead of about 100.
+func TestPublishesDoNotWaitForEarlierConfirms(t *testing.T) {
+	h := sharedNodes(t)
+	const delay = 100 * time.Millisecond
+	node := h.Node("berlin")
+	link, err := h.LinkWithDelay(&rabbitharness.Node{Site: "confirm-pipeline"}, node, delay)
+	require.NoError(t, err)
+	b := startSite(t, "pipeline", link.AMQPURL(), "pipe/#")
+	require.Eventually(t, b.Bridge().Connected, 30*time.Second, 20*time.Millisecond)
+
+	conn, err := amqp.Dial(node.AMQPURL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		probe, err := conn.Channel()
+		if err != nil {
+			return false
+		}
+		defer probe.Close()
+		return probe.ExchangeDeclarePassive(bridge.ExchangeName("pipe/x"), amqp.ExchangeTopic, true, false, false, false, nil) == nil
+	}, 30*time.Second, 50*time.Millisecond, "the bridge declares the export's exchange")
+	require.NoError(t, ch.QueueBind(q.Name, "#", bridge.ExchangeName("pipe/x"), false, nil))
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	require.NoError(t, err)
+	type arrival struct {
+		body string
+		at   time.Time
+	}
+	arrivals := make(chan arrival, 100)
+	go func() {
+		for d := range deliveries {
+			arrivals <- arrival{string(d.Body), time.Now()}
+		}
+	}()
+
+	pub := mqtttest.ConnectRecorder(t, b.MQTTAddr(), "pub-pipeline")
+	const n = 10
+	sent := make(map[string]time.Time, n)
+	for i := range n {
+		p := fmt.Sprintf("pipe-%d", i)
+		sent[p] = time.Now()
+		pub.MustSend(t, &paho.Publish{Topic: "pipe/x", QoS: 1, Payload: []byte(p)})
+		time.Sleep(20 * time.Millisecond)
+	}
+	var worst time.Duration
+	timeout := time.After(10 * time.Second)
+	for got := 0; got < n; got++ {
+		select {
+		case a := <-arrivals:
+			at, ok := sent[a.body]
+			require.True(t, ok, "unexpected message %q", a.body)
+			worst = max(worst, a.at.Sub(at))
+		case <-timeout:
+			t.Fatalf("%d of %d messages reached the node", got, n)
+		}
+	}
+	t.Logf("%d messages published 20 ms apart over a link of %v each way: the slowest reached the node %v after its publish", n, delay, worst.Round(time.Millisecond))
+	require.Less(t, worst, delay+90*time.Millisecond, "a publish waited for an earlier one's confirm")
+}
