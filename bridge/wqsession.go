@@ -202,22 +202,73 @@ func (b *Bridge) membersOf(g *workGroup) []scoring.MemberSnapshot {
 // consumeLoop takes group g's messages from RabbitMQ at the rate its local
 // members absorb: one basic.get whenever some online member has room and
 // fewer than UnackedPerMember × online messages are unacknowledged. The
-// intake queue goes first: its messages have waited longest.
+// intake queue goes first: its messages have waited longest. While members
+// have room and both queues are empty, an arrivalBell on each hands the
+// loop the next message the moment it arrives.
 func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup, gen uint64) error {
+	if err := ch.Qos(1, 0, false); err != nil {
+		return fmt.Errorf("setting the arrival consumers' prefetch on %s: %w", g.queue(), err)
+	}
+	bells := [...]*arrivalBell{
+		fromOwnOverflow: newArrivalBell(ch, IntakeQueueName(g.name), b.cfg.BrokerID),
+		fromWorkQueue:   newArrivalBell(ch, g.queue(), b.cfg.BrokerID),
+	}
 	idle := 5 * time.Millisecond
 	var lastIntake time.Time // when the intake last gave a message
+	// take delivers one message the loop got from source, by basic.get or
+	// from a bell.
+	take := func(d amqp.Delivery, source wqSource) {
+		idle = 5 * time.Millisecond
+		if source == fromOwnOverflow {
+			lastIntake = time.Now()
+		}
+		if origin, _ := d.Headers[HeaderOrigin].(string); source == fromOwnOverflow && origin != "" && origin != b.cfg.Site {
+			source = fromOtherSite
+		}
+		if source == fromOtherSite {
+			origin, _ := d.Headers[HeaderOrigin].(string)
+			routed, _ := d.Headers[headerRouted].(bool)
+			b.stats.wqFromSite(g.name, origin)
+			if routed {
+				due, _ := d.Headers[headerDue].(int64)
+				g.view.tookRouted(origin, time.Now(), unixNanoTime(due))
+			}
+		}
+		g.view.took()
+		if !b.deliverWork(g, d, gen, source) {
+			idle = 20 * time.Millisecond // no member after all: let scoring catch up
+		}
+	}
+	// disarm disarms the bell of source and takes what it had.
+	disarm := func(source wqSource) error {
+		left, err := bells[source].disarm()
+		for _, d := range left {
+			take(d, source)
+		}
+		return err
+	}
+	// rang takes the message a bell rang with, and disarms it.
+	rang := func(source wqSource, d amqp.Delivery, ok bool) error {
+		if ok {
+			take(d, source)
+		}
+		return disarm(source)
+	}
 	var woken <-chan struct{}
-	wait := func(d time.Duration) bool {
+	wait := func(d time.Duration) (bool, error) {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
-			return false
+			return false, nil
 		case <-woken:
-			return true
 		case <-t.C:
-			return true
+		case d, ok := <-bells[fromOwnOverflow].ringing():
+			return true, rang(fromOwnOverflow, d, ok)
+		case d, ok := <-bells[fromWorkQueue].ringing():
+			return true, rang(fromWorkQueue, d, ok)
 		}
+		return true, nil
 	}
 	for {
 		if ctx.Err() != nil {
@@ -228,8 +279,11 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		c := b.cfg.WorkQueue.capacity(members)
 		g.view.setMembers(members, c.TTL, time.Now())
 		if c.Online == 0 || b.wqTrack.count(g.name) >= c.Online*b.cfg.WorkQueue.UnackedPerMember || !hasRoom(members) {
-			if !wait(10 * time.Millisecond) {
-				return nil
+			if err := errors.Join(disarm(fromOwnOverflow), disarm(fromWorkQueue)); err != nil {
+				return err
+			}
+			if more, err := wait(10 * time.Millisecond); !more || err != nil {
+				return err
 			}
 			continue
 		}
@@ -250,44 +304,31 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 			}
 		case source == fromOwnOverflow:
 			g.view.setReady(-1, int(d.MessageCount))
-			g.view.took()
 		default:
 			g.view.setReady(int(d.MessageCount), 0)
-			g.view.took()
 		}
-		if !ok {
-			if !wait(idle) {
-				return nil
+		if ok {
+			take(d, source)
+			if idle > 5*time.Millisecond {
+				if more, err := wait(idle); !more || err != nil {
+					return err
+				}
 			}
-			// Other sites' overflow reaches the intake queue unannounced
-			// (this broker's own publishes wake the loop): while some has
-			// come lately, a poll of at most 10 ms bounds its wait here;
-			// otherwise the loop polls every 50 ms, 40 basic.gets a
-			// second per group instead of 200.
-			idle = min(2*idle, intakePollInterval(time.Since(lastIntake)))
 			continue
 		}
-		idle = 5 * time.Millisecond
-		if source == fromOwnOverflow {
-			lastIntake = time.Now()
-		}
-		if origin, _ := d.Headers[HeaderOrigin].(string); source == fromOwnOverflow && origin != "" && origin != b.cfg.Site {
-			source = fromOtherSite
-		}
-		if source == fromOtherSite {
-			origin, _ := d.Headers[HeaderOrigin].(string)
-			routed, _ := d.Headers[headerRouted].(bool)
-			b.stats.wqFromSite(g.name, origin)
-			if routed {
-				due, _ := d.Headers[headerDue].(int64)
-				g.view.tookRouted(origin, time.Now(), unixNanoTime(due))
+		for _, bell := range bells {
+			if err := bell.arm(); err != nil {
+				return err
 			}
 		}
-		if !b.deliverWork(g, d, gen, source) {
-			if !wait(20 * time.Millisecond) { // no member after all: let scoring catch up
-				return nil
-			}
+		if more, err := wait(idle); !more || err != nil {
+			return err
 		}
+		// Other sites' overflow reaches the intake queue unannounced
+		// (this broker's own publishes wake the loop), and the bells ring
+		// when it comes; the loop still looks every 10 ms while some has
+		// come lately, and every 50 ms otherwise.
+		idle = min(2*idle, intakePollInterval(time.Since(lastIntake)))
 	}
 }
 
