@@ -475,3 +475,64 @@ func TestOverflowViewStateCountsTakesWithTheMembers(t *testing.T) {
 		t.Fatalf("after %d more takes: taken %d, %d times remembered; want %d and %d", maxRecentTakes+5, st.Taken["tunis"], n, maxRecentTakes+7, maxRecentTakes)
 	}
 }
+
+// Other sites' messages stranded in the intake behind busy members go
+// on to a site that would start them sooner, one-way delay included; a
+// member idle here, or a site no sooner, keeps them. What is sent on of
+// another site's routed messages counts as taken from it in the states,
+// and not among the takes that say when a member started one.
+func TestOverflowViewForward(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Now()
+	var v overflowView
+	r := wqroute.NewRouter(wqroute.Config{Site: "here", StaleAfter: time.Second})
+	if site, _ := v.forward(now, r); site != "" {
+		t.Fatalf("no members read yet: %q, want none", site)
+	}
+	// Two members busy for 300 and 500 ms more (1 s service); two other
+	// sites' messages wait in the intake.
+	v.setMembers([]scoring.MemberSnapshot{member(300*ms, time.Second), member(500*ms, time.Second)}, 2*time.Second, now)
+	v.setReady(0, 2)
+	if site, _ := v.forward(now, r); site != "" {
+		t.Fatalf("no other site's state: %q, want none", site)
+	}
+	// An idle site 60 ms away starts one at 60 ms, before the second
+	// intake message's 500 ms here; then the first's 300 ms here beats
+	// that site's 1 060 ms (behind the one booked there).
+	r.Observe(wqroute.State{Site: "far", Sent: now.UnixNano(), Members: []wqroute.MemberState{{Service: time.Second}}}, now.Add(60*ms))
+	at := now.Add(60 * ms)
+	site, due := v.forward(at, r)
+	if site != "far" || !due.Equal(at.Add(60*ms)) {
+		t.Fatalf("stranded behind a 440 ms wait, idle site 60 ms away: %q due %v, want far due %v", site, due, at.Add(60*ms))
+	}
+	if site, _ := v.forward(at, r); site != "" {
+		t.Fatalf("the last one waits 240 ms here, 1 060 ms there: %q, want none", site)
+	}
+	// Nothing in the intake: nothing goes.
+	v.unforward()
+	if site, _ := v.forward(at, r); site != "" {
+		t.Fatalf("empty intake: %q, want none", site)
+	}
+	// A member idle here takes the intake's next message: it stays.
+	v.setMembers([]scoring.MemberSnapshot{member(0, time.Second), member(500*ms, time.Second)}, 2*time.Second, at)
+	v.setReady(0, 1)
+	if site, _ := v.forward(at, r); site != "" {
+		t.Fatalf("a member idle here: %q, want none", site)
+	}
+	// A member that cannot be predicted (no service time) and is busy:
+	// the message waits for the members, as without states.
+	v.setMembers([]scoring.MemberSnapshot{{Online: true, InFlight: 1, PredictedWait: 0}}, 2*time.Second, at)
+	if site, _ := v.forward(at, r); site != "" {
+		t.Fatalf("an unpredictable busy member: %q, want none", site)
+	}
+	// A routed message of "origin" sent on counts as taken from origin,
+	// not as a take a member started.
+	v.forwardedRouted("origin")
+	st, _, _ := v.state("here", "b1", "boot", at)
+	if st.Taken["origin"] != 1 {
+		t.Fatalf("state's Taken = %v, want origin: 1", st.Taken)
+	}
+	if takes := v.takesFrom("origin", now.Add(-time.Hour), nil); len(takes) != 0 {
+		t.Fatalf("takesFrom(origin) = %v, want none", takes)
+	}
+}
