@@ -49,6 +49,18 @@ func TestSitesMatrixGoals(t *testing.T) {
 	if g := got["mean ≤ 0.6× queue federation"]; g.measured != harness.FmtRatio(0.5) {
 		t.Errorf("mean ratio shown as %s, want the median paired ratio %s", g.measured, harness.FmtRatio(0.5))
 	}
+	// The oracle's own ratio to queue federation (40 over 100, 100, 1000)
+	// bounds the first goal; it is within reach here.
+	if g := got["mean ≤ 0.6× queue federation"]; g.bound != "oracle "+harness.FmtRatio(0.4) {
+		t.Errorf("mean goal's bound %q, want the oracle's median paired ratio %s", g.bound, harness.FmtRatio(0.4))
+	}
+	// An oracle at 0.8× queue federation puts 0.6× out of reach.
+	far := SitesMatrixCell{Scenario: SitesWQBalanced, Runs: [][]SitesMatrixRun{
+		{matrixRun(ArchLuffyMQ, 90, 200, 100, 80), matrixRun(ArchQueueFederation, 100, 400, 300, 80)},
+	}}
+	if g := far.goals(ArchLuffyMQ)[0]; g.met || !strings.Contains(g.bound, "out of reach") {
+		t.Errorf("oracle at 0.8× queue federation: %+v, want unmet and out of reach", g)
+	}
 	// One lost message anywhere fails the cell.
 	c.Runs[1][0].Lost = 1
 	for _, g := range c.goals(ArchLuffyMQ) {
@@ -95,7 +107,7 @@ func TestWriteSitesMatrix(t *testing.T) {
 		"| tunis-busy-4 | 10× |",
 		"WAN messages ≤ queue federation",
 		"6 of 10 goal checks met",
-		"| tunis-busy-4 | 10× | 0.53× yes | 1.60× no | 0.33× yes | 0 / 0 yes | 1.67× no |",
+		"| tunis-busy-4 | 10× | 0.53× yes (oracle 0.33×) | 1.60× no | 0.33× yes | 0 / 0 yes | 1.67× no |",
 	} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("matrix.md lacks %q:\n%s", want, md)
@@ -111,6 +123,26 @@ func TestWriteSitesMatrix(t *testing.T) {
 			t.Errorf("%s not written: %v", f, err)
 		}
 	}
+	// --render writes the same report again from matrix.json alone, the
+	// run that measured nothing included.
+	written, err := os.ReadFile(filepath.Join(dir, "matrix.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "matrix.md")); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := sitesMatrixCommand(context.Background(), []string{"--render", "--out", dir}, &out, &out); err != nil {
+		t.Fatalf("--render: %v (%s)", err, out.String())
+	}
+	rendered, err := os.ReadFile(filepath.Join(dir, "matrix.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rendered) != string(written) {
+		t.Errorf("--render wrote\n%s\nwhere the run wrote\n%s", rendered, written)
+	}
 }
 
 func TestSitesMatrixFlags(t *testing.T) {
@@ -118,6 +150,7 @@ func TestSitesMatrixFlags(t *testing.T) {
 		args []string
 		want string
 	}{
+		{[]string{"--render"}, "--render needs --out"},
 		{[]string{"--out", "x", "--topologies", "nowhere"}, `unknown topology "nowhere"`},
 		{[]string{"--out", "x", "--scales", "0"}, "is not a time scale"},
 		{[]string{"--out", "x", "--scenario", "ps-B"}, "work-queue scenarios only"},
