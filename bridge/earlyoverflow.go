@@ -335,9 +335,7 @@ const sustainedRateWindow = 10 * time.Second
 
 // demandInputs returns what the router's Demand weighs: how long from
 // now the local members would start a message published now (the TTL
-// when that cannot be said), and how many messages wait in wq.<g> and,
-// from other sites, in the intake (each may go on to a site that would
-// start it sooner: dispatchHeld, forwardStranded); and
+// when that cannot be said), and how many messages wait in wq.<g>; and
 // whether the local publishes are sustained: at least one a lease on
 // average, so that a stream of the other sites' states over a lease is
 // used by some publish. A broker that saw no local publish within the
@@ -350,18 +348,17 @@ const sustainedRateWindow = 10 * time.Second
 func (v *overflowView) demandInputs(now time.Time, router *wqroute.Router, recent, lease time.Duration) (start time.Duration, held int, sustained bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	held = v.readyWork + v.readyIntake
 	if v.published.IsZero() || now.Sub(v.published) > recent {
-		return 0, held, false
+		return 0, v.readyWork, false
 	}
 	if v.sustainedRate.PerSecond(now)*lease.Seconds() < 1 {
-		return 0, held, false
+		return 0, v.readyWork, false
 	}
 	wait, ok := v.localStart(v.siteMembers(now, router), v.readyWork+v.readyIntake, max(v.ttl, maxLocalPrediction))
 	if !ok {
 		wait = v.ttl
 	}
-	return wait, held, true
+	return wait, v.readyWork, true
 }
 
 // allTimed reports whether every online member has a service estimate
@@ -411,57 +408,6 @@ func (v *overflowView) dispatch(now time.Time, router *wqroute.Router) (string, 
 func (v *overflowView) undispatch() {
 	v.mu.Lock()
 	v.readyWork = 0
-	v.mu.Unlock()
-}
-
-// forward says where the last message ready in the intake should go now
-// (forwardStranded): to the site router chooses for it (booked there,
-// and when the router expects it there), or nowhere (""), when the local
-// members would start it soonest, or cannot be predicted (then the intake
-// waits for them, as without a router), or the intake is empty. Intake
-// messages go before wq.<g>'s, so the last of them waits for as many
-// members to free as the intake holds. A site chosen is counted as taking
-// one message from the intake; unforward takes that back when the queue
-// was empty after all.
-func (v *overflowView) forward(now time.Time, router *wqroute.Router) (string, time.Time) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.members == nil || v.readyIntake == 0 {
-		return "", time.Time{}
-	}
-	load := v.siteMembers(now, router)
-	limit := max(v.ttl, maxLocalPrediction)
-	wait, ok := wqroute.PredictStart(load.members, load.elapsed, v.readyIntake-1, limit)
-	if !ok || wait == 0 {
-		return "", time.Time{}
-	}
-	c := router.Route(now, wait, limit)
-	if c.Site == "" {
-		return "", time.Time{}
-	}
-	v.readyIntake--
-	return c.Site, c.Due
-}
-
-// unforward counts back a message forward took from the intake that was
-// not there.
-func (v *overflowView) unforward() {
-	v.mu.Lock()
-	v.readyIntake = 0
-	v.mu.Unlock()
-}
-
-// forwardedRouted records a message origin routed here that was taken
-// from the intake and forwarded to another site (forwardStranded): the
-// states count it taken, so that origin's router unbooks it here, but no
-// member started it, so it is not among the takes that tell when one did
-// (takesFrom).
-func (v *overflowView) forwardedRouted(origin string) {
-	v.mu.Lock()
-	if v.routedFrom == nil {
-		v.routedFrom = map[string]uint64{}
-	}
-	v.routedFrom[origin]++
 	v.mu.Unlock()
 }
 

@@ -66,7 +66,6 @@ func newStats(b *Bridge) *stats {
 			"wq_settled":             d("wq_messages_settled_total", "Work-queue messages settled with RabbitMQ, by outcome: completed (acknowledged after the member's PUBACK), requeued, duplicate, unmappable.", "queue", "outcome"),
 			"wq_overflow":            d("wq_overflow_received_total", "Messages that overflowed (TTL or max length) out of the work queue of origin site and were received here; origin equal to site means they came back.", "queue", "origin"),
 			"wq_routed":              d("wq_routed_total", "Local publishes sent straight to another site's intake, because its members would start them sooner than the local ones, one-way delay included (--wq-route nearest).", "queue", "to"),
-			"wq_forwarded":           d("wq_forwarded_total", "Other sites' messages that waited in the intake for a local member and were sent on to a site that would start them sooner, one-way delay included; each is sent on once at most (--wq-route nearest).", "queue", "to"),
 			"wq_reclaim_redelivered": d("wq_reclaimed_redelivered_total", "The part of wq_reclaimed_total that the site's federation link had taken and given back unacknowledged (its node died or its connection closed), taken back once the site was silent for 15 state intervals: the site may have kept a copy and process it too when it comes back (at-least-once).", "queue", "from"),
 			"wq_reclaim":             d("wq_reclaimed_total", "Messages sent to another site that were taken back from this node's federation link queues towards it once its state had stopped arriving: routed ones into the local work queue, the hash ring's into the local intake (--wq-route nearest).", "queue", "from"),
 			"wq_states":              d("wq_states_sent_total", "Group states this broker sent to another site while that site asked for them (--wq-route nearest); each crosses the WAN once.", "queue", "to"),
@@ -130,13 +129,9 @@ type wqCounters struct {
 	atPublish uint64
 	// routedTo counts local publishes routed to another site at once, by
 	// site (--wq-route nearest).
-	routedTo map[string]uint64
-	// forwardedTo counts, by site, the other sites' messages that waited
-	// in the intake and were sent on to a site that would start them
-	// sooner (forwardStranded).
-	forwardedTo map[string]uint64
-	settled     map[string]uint64
-	fromSites   map[string]uint64
+	routedTo  map[string]uint64
+	settled   map[string]uint64
+	fromSites map[string]uint64
 	// reclaimed counts, by the site they were routed to, the messages
 	// taken back from this node's link queues towards a silent site.
 	reclaimed map[string]uint64
@@ -158,7 +153,7 @@ type wqCounters struct {
 func (s *stats) wqGroup(g string) *wqCounters {
 	c := s.wq[g]
 	if c == nil {
-		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{}, forwardedTo: map[string]uint64{},
+		c = &wqCounters{settled: map[string]uint64{}, fromSites: map[string]uint64{}, routedTo: map[string]uint64{},
 			reclaimed: map[string]uint64{}, reclaimedRedelivered: map[string]uint64{}, statesTo: map[string]uint64{}, statesWhy: map[string]uint64{}}
 		s.wq[g] = c
 	}
@@ -196,14 +191,6 @@ func (s *stats) wqWantSent(g string) {
 func (s *stats) wqRoutedTo(g, site string) {
 	s.mu.Lock()
 	s.wqGroup(g).routedTo[site]++
-	s.mu.Unlock()
-}
-
-// wqForwardedTo counts a message of another site sent on from the
-// intake to site.
-func (s *stats) wqForwardedTo(g, site string) {
-	s.mu.Lock()
-	s.wqGroup(g).forwardedTo[site]++
 	s.mu.Unlock()
 }
 
@@ -275,10 +262,6 @@ type WorkQueueStats struct {
 	// another site because its members would start them sooner, delay
 	// included (--wq-route nearest).
 	RoutedTo map[string]uint64
-	// ForwardedTo counts, by site, the other sites' messages that waited
-	// in the intake for a local member and were sent on to a site that
-	// would start them sooner, delay included (--wq-route nearest).
-	ForwardedTo map[string]uint64
 	// Reclaimed counts, by site, the messages sent there (routed, or by
 	// the hash ring) that were taken back from this node's federation link
 	// queues once its state had stopped arriving: routed ones into the
@@ -342,7 +325,7 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 		for o, n := range c.fromSites {
 			w.FromSite[o] = n
 		}
-		w.RoutedTo, w.ForwardedTo = maps.Clone(c.routedTo), maps.Clone(c.forwardedTo)
+		w.RoutedTo = maps.Clone(c.routedTo)
 		w.Reclaimed, w.ReclaimedRedelivered = maps.Clone(c.reclaimed), maps.Clone(c.reclaimedRedelivered)
 		w.StatesTo, w.WantsSent, w.StatesWhy = maps.Clone(c.statesTo), c.wants, maps.Clone(c.statesWhy)
 		out[g] = w
@@ -441,9 +424,6 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_at_pub"], prometheus.CounterValue, float64(w.OverflowAtPublish), q)
 		for site, n := range w.RoutedTo {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_routed"], prometheus.CounterValue, float64(n), q, site)
-		}
-		for site, n := range w.ForwardedTo {
-			ch <- prometheus.MustNewConstMetric(s.descs["wq_forwarded"], prometheus.CounterValue, float64(n), q, site)
 		}
 		for site, n := range w.StatesTo {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_states"], prometheus.CounterValue, float64(n), q, site)

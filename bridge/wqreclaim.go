@@ -255,7 +255,7 @@ func (b *Bridge) reclaimQueue(ctx context.Context, conn *amqp.Connection, g *wor
 			continue
 		}
 		p := republished(d, "")
-		for _, h := range []string{conservedHeader, headerRouted, headerBookedBy, headerRoutedBy} {
+		for _, h := range []string{conservedHeader, headerRouted, headerBookedBy} {
 			delete(p.Headers, h)
 		}
 		p.Headers[headerReclaimedFrom] = site

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -39,23 +40,6 @@ const headerRouted = "x-luffymq-routed"
 // site (Unix nanoseconds, the origin's clock): the site compares its
 // members' waits with what that router predicts from it (Extrapolates).
 const headerDue = "x-luffymq-due"
-
-// headerRoutedBy names the site that took a routed message from its own
-// intake, where it was stranded, and routed it on (forwardStranded): the
-// site it reaches counts it as taken from that site, whose router booked
-// it there, not from its origin; and it is not routed on a second time,
-// so that a message crosses the WAN at most twice.
-const headerRoutedBy = "x-luffymq-routed-by"
-
-// bookedFrom is the site whose router booked routed message h where it
-// is: the site that routed it on (headerRoutedBy), else its origin.
-func bookedFrom(h amqp.Table) string {
-	if by, _ := h[headerRoutedBy].(string); by != "" {
-		return by
-	}
-	origin, _ := h[HeaderOrigin].(string)
-	return origin
-}
 
 // stateHeartbeatIntervals is how many StateIntervals at most pass between
 // two states of a broker that saw no change, to the site's other brokers
@@ -233,7 +217,7 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			// members count with this broker's for local messages.
 			g.router.Observe(st, now)
 			if st.Site != b.cfg.Site {
-				if err := b.routeWaiting(ctx, dch, g); err != nil {
+				if err := b.dispatchHeld(ctx, dch, g); err != nil {
 					return err
 				}
 			}
@@ -272,7 +256,7 @@ func (b *Bridge) stateLoop(ctx context.Context, conn *amqp.Connection, g *workGr
 			// Held messages are weighed again as time passes, not only
 			// when a state arrives: a member another site's router sees
 			// freeing on time sends no state to say so (Extrapolates).
-			if err := b.routeWaiting(ctx, dch, g); err != nil {
+			if err := b.dispatchHeld(ctx, dch, g); err != nil {
 				return err
 			}
 			start, held, sustained := g.view.demandInputs(now, g.router, demandRecentIntervals*interval, wantShortLeaseIntervals*interval)
@@ -440,21 +424,9 @@ func (s *stateSender) holderReason(prev sentState, st wqroute.State, site, why s
 	return "heartbeat"
 }
 
-// maxDispatch bounds the messages one state sends from wq.<g>, and those
-// it sends on from the intake: the router books each, so its predictions
-// rise and it stops well before.
+// maxDispatch bounds the messages one state sends from wq.<g>: the
+// router books each, so its predictions rise and it stops well before.
 const maxDispatch = 64
-
-// routeWaiting sends to other sites what waits here and another site
-// would start sooner: other sites' messages stranded in the intake
-// (forwardStranded), then this site's own held in wq.<g> (dispatchHeld),
-// which the intake's go before.
-func (b *Bridge) routeWaiting(ctx context.Context, ch *amqp.Channel, g *workGroup) error {
-	if err := b.forwardStranded(ctx, ch, g); err != nil {
-		return err
-	}
-	return b.dispatchHeld(ctx, ch, g)
-}
 
 // dispatchHeld sends the messages held in wq.<g> (heldTTL) that another
 // site would now start sooner than the local members: taken from wq.<g>
@@ -478,98 +450,29 @@ func (b *Bridge) dispatchHeld(ctx context.Context, ch *amqp.Channel, g *workGrou
 			g.view.undispatch()
 			return nil
 		}
-		if err := b.routeOn(ctx, ch, g, d, site, due, false); err != nil {
-			return fmt.Errorf("dispatching a held message of %s to %s: %w", g.queue(), site, err)
+		headers := maps.Clone(d.Headers)
+		if headers == nil {
+			headers = amqp.Table{}
 		}
-		b.stats.wqRoutedTo(g.name, site)
-	}
-	return nil
-}
-
-// forwardStranded sends on the other sites' messages that wait in the
-// intake for a local member when another site would start them sooner,
-// the one-way delay from here included. A site routes a message to a
-// member its last state showed idle; meanwhile a publish of that site's
-// own may take the member, and the routed message would wait there a
-// whole service time (up to a second at the thesis's scale) although
-// other sites have members free. The site's router chooses as for a
-// local publish (overflowView.forward); the message is taken from the
-// intake, published to the chosen site's intake with this site as the
-// one that booked it (headerRoutedBy), and acknowledged once RabbitMQ
-// confirmed the publish. A routed message counts in this site's states
-// as taken from the site that booked it here, which unbooks it. A message
-// sent on once waits here: it goes back to the intake, and the intake's
-// turn ends.
-func (b *Bridge) forwardStranded(ctx context.Context, ch *amqp.Channel, g *workGroup) error {
-	intake := IntakeQueueName(g.name)
-	for range maxDispatch {
-		site, due := g.view.forward(time.Now(), g.router)
-		if site == "" {
-			return nil
+		headers[headerRouted] = true
+		headers[headerDue] = due.UnixNano()
+		headers[headerBookedBy] = b.cfg.BrokerID
+		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, RouteExchangeName(g.name), site, false, false, amqp.Publishing{
+			Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
+			Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
+			Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
+		})
+		if err == nil && !conf.Wait() {
+			err = fmt.Errorf("RabbitMQ refused the publish")
 		}
-		d, ok, err := ch.Get(intake, false)
 		if err != nil {
 			g.router.Unbook(site)
-			return fmt.Errorf("taking from work queue %s: %w", intake, err)
+			return fmt.Errorf("dispatching a held message of %s to %s: %w", g.queue(), site, err)
 		}
-		if !ok {
-			g.router.Unbook(site)
-			g.view.unforward()
-			return nil
+		if err := d.Ack(false); err != nil {
+			return fmt.Errorf("acknowledging a dispatched message of %s: %w", g.queue(), err)
 		}
-		if by, _ := d.Headers[headerRoutedBy].(string); by != "" {
-			g.router.Unbook(site)
-			if err := d.Nack(false, true); err != nil {
-				return fmt.Errorf("returning a forwarded message to %s: %w", intake, err)
-			}
-			return nil
-		}
-		if err := b.routeOn(ctx, ch, g, d, site, due, true); err != nil {
-			return fmt.Errorf("forwarding a message of %s to %s: %w", intake, site, err)
-		}
-		if routed, _ := d.Headers[headerRouted].(bool); routed {
-			if from := bookedFrom(d.Headers); from != "" && from != b.cfg.Site {
-				g.view.forwardedRouted(from)
-			}
-		}
-		b.stats.wqForwardedTo(g.name, site)
-	}
-	return nil
-}
-
-// routeOn publishes d, taken from one of group g's queues on ch, to
-// site's intake by the route exchange, booked there by this broker's
-// router and expected at due, and acknowledges it once RabbitMQ confirmed
-// the publish; forwarded marks this site as the one that routed it on.
-// On failure the booking is taken back; d, unacknowledged, returns to its
-// queue when the channel closes.
-func (b *Bridge) routeOn(ctx context.Context, ch *amqp.Channel, g *workGroup, d amqp.Delivery, site string, due time.Time, forwarded bool) error {
-	headers := amqp.Table{}
-	for k, v := range d.Headers {
-		if k != federationReceivedFromHeader { // the links it crossed: it starts anew
-			headers[k] = v
-		}
-	}
-	headers[headerRouted] = true
-	headers[headerDue] = due.UnixNano()
-	headers[headerBookedBy] = b.cfg.BrokerID
-	if forwarded {
-		headers[headerRoutedBy] = b.cfg.Site
-	}
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, RouteExchangeName(g.name), site, false, false, amqp.Publishing{
-		Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
-		Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
-		Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
-	})
-	if err == nil && !conf.Wait() {
-		err = fmt.Errorf("RabbitMQ refused the publish")
-	}
-	if err != nil {
-		g.router.Unbook(site)
-		return err
-	}
-	if err := d.Ack(false); err != nil {
-		return fmt.Errorf("acknowledging a message sent to %s: %w", site, err)
+		b.stats.wqRoutedTo(g.name, site)
 	}
 	return nil
 }

@@ -222,24 +222,16 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		if source == fromOwnOverflow {
 			lastIntake = time.Now()
 		}
-		// A message another site sent on (headerRoutedBy) comes from
-		// that site, even to its own origin: that site's router booked it.
-		from := bookedFrom(d.Headers)
-		if source == fromOwnOverflow && from != "" && from != b.cfg.Site {
+		if origin, _ := d.Headers[HeaderOrigin].(string); source == fromOwnOverflow && origin != "" && origin != b.cfg.Site {
 			source = fromOtherSite
 		}
 		if source == fromOtherSite {
+			origin, _ := d.Headers[HeaderOrigin].(string)
 			routed, _ := d.Headers[headerRouted].(bool)
-			// The overflow counts by its origin (the controller's
-			// flows), what came back to it by the site that sent it.
-			if origin, _ := d.Headers[HeaderOrigin].(string); origin != "" && origin != b.cfg.Site {
-				b.stats.wqFromSite(g.name, origin)
-			} else {
-				b.stats.wqFromSite(g.name, from)
-			}
+			b.stats.wqFromSite(g.name, origin)
 			if routed {
 				due, _ := d.Headers[headerDue].(int64)
-				g.view.tookRouted(from, time.Now(), unixNanoTime(due))
+				g.view.tookRouted(origin, time.Now(), unixNanoTime(due))
 			}
 		}
 		g.view.took()

@@ -305,7 +305,7 @@ func (l *liveState) bridgeStatus(cur counterSample, rate func(cur, prev float64)
 	for g, w := range br.WorkQueueStats() {
 		s.WorkQueues = append(s.WorkQueues, BridgeWorkQueue{
 			Group: g, Depth: w.InQueue, MaxLength: w.MaxLength, TTLMs: millis(w.TTL), Weight: w.Weight,
-			Local: w.Local, OwnOverflow: w.OwnOverflow, OverflowAtPublish: w.OverflowAtPublish, RoutedTo: w.RoutedTo, ForwardedTo: w.ForwardedTo, StatesFresh: w.StatesFresh, StatesWanted: w.StatesWanted, FromOtherSites: w.FromOtherSites, FromSite: w.FromSite,
+			Local: w.Local, OwnOverflow: w.OwnOverflow, OverflowAtPublish: w.OverflowAtPublish, RoutedTo: w.RoutedTo, StatesFresh: w.StatesFresh, StatesWanted: w.StatesWanted, FromOtherSites: w.FromOtherSites, FromSite: w.FromSite,
 			Completed: w.Completed, Requeued: w.Requeued, Duplicates: w.Duplicates,
 		})
 	}

@@ -263,10 +263,7 @@ type BridgeWorkQueue struct {
 	// StatesFresh counts the other sites whose group state is fresh;
 	// StatesWanted is true while the broker asks for their states (they
 	// come on demand: a site that keeps up hears none).
-	RoutedTo map[string]uint64 `json:"routed_to"`
-	// ForwardedTo counts, by site, other sites' messages that waited in
-	// the intake and were sent on to a site that would start them sooner.
-	ForwardedTo    map[string]uint64 `json:"forwarded_to,omitempty"`
+	RoutedTo       map[string]uint64 `json:"routed_to"`
 	StatesFresh    int               `json:"states_fresh"`
 	StatesWanted   bool              `json:"states_wanted"`
 	FromOtherSites uint64            `json:"from_other_sites"`
