@@ -366,15 +366,21 @@ func (c *SitesMatrixCell) figures(arch string) archFigures {
 // pairedRatios are, per repeat, arch's value over ref's (both measured in
 // the same run).
 func (c *SitesMatrixCell) pairedRatios(arch, ref string, value func(SitesMatrixRun) float64) []float64 {
+	return c.pairedBy(arch, ref, value, value)
+}
+
+// pairedBy is, per repeat, of(arch's run) over by(ref's run in the same
+// repeat).
+func (c *SitesMatrixCell) pairedBy(arch, ref string, of, by func(SitesMatrixRun) float64) []float64 {
 	var out []float64
 	for _, rep := range c.Runs {
 		a, b := math.NaN(), math.NaN()
 		for _, r := range rep {
 			switch r.Architecture {
 			case arch:
-				a = value(r)
+				a = of(r)
 			case ref:
-				b = value(r)
+				b = by(r)
 			}
 		}
 		if v := harness.Ratio(a, b); !math.IsNaN(v) {
@@ -443,22 +449,7 @@ func (c *SitesMatrixCell) goals(primary string) []sitesMatrixGoal {
 // ref's mean in the same run: the ratio to ref that a scheduler as good as
 // the oracle would reach.
 func (c *SitesMatrixCell) oracleOver(arch, ref string) []float64 {
-	var out []float64
-	for _, rep := range c.Runs {
-		a, b := math.NaN(), math.NaN()
-		for _, r := range rep {
-			switch r.Architecture {
-			case arch:
-				a = r.OracleMeanMs
-			case ref:
-				b = r.MeanMs
-			}
-		}
-		if v := harness.Ratio(a, b); !math.IsNaN(v) {
-			out = append(out, v)
-		}
-	}
-	return out
+	return c.pairedBy(arch, ref, func(r SitesMatrixRun) float64 { return r.OracleMeanMs }, func(r SitesMatrixRun) float64 { return r.MeanMs })
 }
 
 // writeSitesMatrix writes matrix.json, matrix.md and the plots.
