@@ -231,7 +231,10 @@ type member struct {
 	// one burst, whose k completions share the time since burstFrom.
 	burstFrom  time.Duration
 	burstCount int
-	ackLag     time.Duration // how late acks come: the longest gap between bursts lately
+	// burstFreeAt is freeAt as the model had it before the first ack of
+	// the latest burst, moved on by what was sent since.
+	burstFreeAt time.Duration
+	ackLag      time.Duration // how late acks come: the longest gap between bursts lately
 	// ackGrid tells acks flushed by a timer from acks sent when work
 	// ends (acksOnTimer).
 	ackGrid ackGrid
@@ -301,6 +304,7 @@ func (m *member) reset(now time.Duration) {
 	m.reportVariability, m.reportedBusy, m.reportsIdle = Variability{}, false, false
 	m.runningSince, m.overdueMeasured = -1, false
 	m.burstFrom, m.burstCount, m.ackLag, m.ackGrid = now, 0, 0, ackGrid{}
+	m.burstFreeAt = now
 	m.unconfirmed = 0
 	m.unconfirmedSince = now
 }
@@ -636,6 +640,7 @@ func (m *member) recordSend(now, start, svc time.Duration) {
 	}
 	m.unconfirmed++
 	m.freeAt = start + svc
+	m.burstFreeAt = max(m.burstFreeAt, start) + svc
 	m.lastSend = now
 	m.sentSinceReport++
 	m.sentTotal++
@@ -655,6 +660,7 @@ func (m *member) deliveryStarted(now time.Duration) {
 // completion, or when it was sent if the member was idle then; the next
 // one starts now.
 func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
+	sameBurst := false
 	if m.inflight == 0 {
 		return false
 	}
@@ -671,6 +677,7 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 	case m.burstCount > 0 && now-m.lastCompletion <= ackBurstGap && (!known || sent < m.lastCompletion):
 		// Another ack of the same burst, for a message that was queued:
 		// the burst's completions share the time it covers.
+		sameBurst = true
 		m.burstCount++
 		m.ackWindow.replaceLast((now - m.burstFrom) / time.Duration(m.burstCount))
 		learnt = true
@@ -687,6 +694,9 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 		m.ackWindow.push(now - start)
 		m.ackVariability.Add(now - start)
 		learnt = true
+	}
+	if !sameBurst {
+		m.burstFreeAt = m.freeAt
 	}
 	m.completions++
 	m.lastCompletion = now
@@ -709,7 +719,18 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 	// some point since the last burst. The model (what was sent, at svc
 	// each) places it best, within what the ack allows.
 	lower := now + time.Duration(max(queued-1, 0))*svc
-	m.freeAt = min(max(m.freeAt, lower), upper)
+	model := m.freeAt
+	if m.acksOnTimer() {
+		// A timer's burst is one piece of evidence, read one ack at a
+		// time: until its last ack, what is unacknowledged still counts
+		// the burst's later ones, and a lower bound drawn from that
+		// would push the model later by their work, where the upper
+		// bounds that follow then leave it (the running message taken to
+		// have started at the flush). Each ack of the burst bounds the
+		// model as it was before the burst instead.
+		model = m.burstFreeAt
+	}
+	m.freeAt = min(max(model, lower), upper)
 	return learnt
 }
 
