@@ -34,7 +34,12 @@ over vanilla's: what the in-process A/B measures, from the broker's
 samples only (the clients' and the collector's aside), which spread less
 than the A/B's timings.
 
-Usage: scripts/own-share.py [--messages N] [--rounds K] [--out FILE.md]
+The connect path is measured the same way with BenchmarkConnect
+(hooks/connect_bench_test.go): devices that connect, subscribe to their own
+topic and stay connected, as `luffy-bench connections` sets them up (the
+devices' code, bench/connections, counts as clients).
+
+Usage: scripts/own-share.py [--messages N] [--connects N] [--rounds K] [--cases LIST] [--out FILE.md]
 """
 
 import argparse
@@ -46,11 +51,11 @@ import sys
 import tempfile
 import time
 
-CASES = [("shared", 0), ("shared", 1), ("fanout", 0), ("fanout", 1)]
+CASES = [("shared", 0), ("shared", 1), ("fanout", 0), ("fanout", 1), ("connect", None)]
 SYSTEMS = ("luffymq", "luffymq-broker")
 OURS = "github.com/luffymq/luffymq/"
 MOCHI = "github.com/mochi-mqtt/server/"
-CLIENTS = ("github.com/luffymq/luffymq/hooks_test.", "github.com/eclipse/paho")
+CLIENTS = ("github.com/luffymq/luffymq/hooks_test.", "github.com/luffymq/luffymq/bench/", "github.com/eclipse/paho")
 IO = ("net.", "internal/poll.", "syscall.", "os.(*File)")
 
 UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -96,14 +101,23 @@ def parse_traces(text):
         yield value, frames
 
 
-def profile(system, pattern, qos, messages, workdir):
-    """Runs one BenchmarkBroker case under the CPU profiler. Returns its
+def case_name(pattern, qos):
+    """The case's name in the report: "shared QoS 0", "connect"."""
+    return pattern if qos is None else "%s QoS %d" % (pattern, qos)
+
+
+def profile(system, pattern, qos, n, workdir):
+    """Runs one case (BenchmarkBroker's, or BenchmarkConnect's when qos is
+    None) with n messages or devices under the CPU profiler. Returns its
     seconds by kind, its -benchmem counts and LuffyMQ's seconds by
     function."""
     binary = os.path.join(workdir, "hooks.test")
-    prof = os.path.join(workdir, "cpu-%s-%s-%d.prof" % (system, pattern, qos))
-    bench = "^BenchmarkBroker$/^%s$/^%s$/^qos%d$" % (system, pattern, qos)
-    args = [binary, "-test.run", "^$", "-test.bench", bench, "-test.benchtime", "%dx" % messages,
+    prof = os.path.join(workdir, "cpu-%s-%s-%s.prof" % (system, pattern, qos))
+    if qos is None:
+        bench = "^BenchmarkConnect$/^%s$" % system
+    else:
+        bench = "^BenchmarkBroker$/^%s$/^%s$/^qos%d$" % (system, pattern, qos)
+    args = [binary, "-test.run", "^$", "-test.bench", bench, "-test.benchtime", "%dx" % n,
             "-test.benchmem", "-test.count", "1", "-test.cpuprofile", prof]
     out = subprocess.run(args, cwd=os.path.join(ROOT, "hooks"), capture_output=True, text=True, check=True).stdout
     m = re.search(r"\s([0-9.]+) cpu-ns/op.*?\s([0-9]+) B/op\s+([0-9]+) allocs/op", out)
@@ -124,23 +138,32 @@ def profile(system, pattern, qos, messages, workdir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=100000, help="published messages per run")
+    ap.add_argument("--connects", type=int, default=5000,
+                    help="devices per connect run (both ends of each are in the process: at most half the open-file limit)")
     ap.add_argument("--rounds", type=int, default=3, help="runs per case (medians are reported)")
+    ap.add_argument("--cases", default="all",
+                    help="comma-separated cases: shared0, shared1, fanout0, fanout1, connect, or all")
     ap.add_argument("--out", help="markdown file to write (default: standard output)")
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         subprocess.run(["go", "test", "-c", "-o", os.path.join(workdir, "hooks.test"), "./hooks/"], cwd=ROOT, check=True)
         rows = []
-        for pattern, qos in CASES:
+        wanted = None if opts.cases == "all" else set(opts.cases.split(","))
+        cases = [(p, q) for p, q in CASES if wanted is None or p + ("" if q is None else str(q)) in wanted]
+        if not cases:
+            sys.exit("no case matches --cases %s" % opts.cases)
+        for pattern, qos in cases:
+            n = opts.connects if qos is None else opts.messages
             acc = {system: {"shares": [], "overheads": [], "costs": [], "gc": [], "allocs": [], "bytes": [],
                             "where": {}, "broker": 0.0} for system in SYSTEMS}
             for _ in range(opts.rounds):
                 # A round runs vanilla Mochi, then each LuffyMQ system, so
                 # that each is compared with the vanilla run nearest it in
                 # time.
-                vanilla, vanilla_counts, _ = profile("vanilla", pattern, qos, opts.messages, workdir)
+                vanilla, vanilla_counts, _ = profile("vanilla", pattern, qos, n, workdir)
                 vanilla_broker = vanilla["own"] + vanilla["mochi"]
                 for system in SYSTEMS:
-                    by, counts, functions = profile(system, pattern, qos, opts.messages, workdir)
+                    by, counts, functions = profile(system, pattern, qos, n, workdir)
                     a = acc[system]
                     broker = by["own"] + by["mochi"]
                     a["broker"] += broker
@@ -157,12 +180,27 @@ def main():
                 top = sorted(a["where"].items(), key=lambda kv: -kv[1])[:TOP]
                 rows.append((system, pattern, qos, a, [(f, v / a["broker"]) for f, v in top]))
     med = statistics.median
+    command = "scripts/own-share.py"
+    if any(q is not None for _, q in cases):
+        command += " --messages %d" % opts.messages
+    if any(q is None for _, q in cases):
+        command += " --connects %d" % opts.connects
+    command += " --rounds %d" % opts.rounds
+    if opts.cases != "all":
+        command += " --cases %s" % opts.cases
+    benches = []
+    if any(q is not None for _, q in cases):
+        benches.append("BenchmarkBroker's cases (hooks/ab_bench_test.go: 3 subscribers in one shared group or on "
+                       "one topic, 100-byte messages, in process over loopback TCP)")
+    if any(q is None for _, q in cases):
+        benches.append("BenchmarkConnect's (hooks/connect_bench_test.go: devices connecting 32 at a time over "
+                       "loopback TCP, each subscribing at QoS 1 to its own topic and staying connected; figures "
+                       "per device)")
     lines = [
         "# LuffyMQ's own share of the broker's CPU",
         "",
-        "Generated %s by `scripts/own-share.py --messages %d --rounds %d`: BenchmarkBroker's cases "
-        "(hooks/ab_bench_test.go: 3 subscribers in one shared group or on one topic, 100-byte messages, in "
-        "process over loopback TCP) under the CPU profiler, for two LuffyMQ systems: *luffymq* (Mochi with "
+        "Generated %s by `%s`: %s "
+        "under the CPU profiler, for two LuffyMQ systems: *luffymq* (Mochi with "
         "LuffyMQ's selection and publisher-pacing hooks and its PINGREQ-reading listener) and *luffymq-broker* "
         "(the broker itself, `broker.New` with the binary's default flags: every hook it adds). Each sample is "
         "LuffyMQ's when a LuffyMQ frame comes first from the leaf with no network I/O below it, Mochi's when a "
@@ -173,20 +211,20 @@ def main():
         "vanilla's, less 1, the clients' and the garbage collector's samples aside. The collector's share of "
         "the process is in the next column, and the allocations over vanilla's (whole process, `-benchmem`) "
         "beside it. Medians of %d rounds, with the range." % (
-            time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), opts.messages, opts.rounds, opts.rounds),
+            time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command, " and ".join(benches), opts.rounds),
         "",
-        "| system | case | own share of the broker's CPU | own ÷ Mochi's part | broker CPU over vanilla | GC and runtime, of the process | allocations per message over vanilla | bytes per message over vanilla |",
+        "| system | case | own share of the broker's CPU | own ÷ Mochi's part | broker CPU over vanilla | GC and runtime, of the process | allocations per message (device) over vanilla | bytes per message (device) over vanilla |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for system, pattern, qos, a, _ in rows:
-        lines.append("| %s | %s QoS %d | %.1f %% (%.1f–%.1f) | %.1f %% | %+.1f %% (%+.1f–%+.1f) | %.1f %% | %+.0f | %+.0f |" % (
-            system, pattern, qos, 100 * med(a["shares"]), 100 * min(a["shares"]), 100 * max(a["shares"]),
+        lines.append("| %s | %s | %.1f %% (%.1f–%.1f) | %.1f %% | %+.1f %% (%+.1f–%+.1f) | %.1f %% | %+.0f | %+.0f |" % (
+            system, case_name(pattern, qos), 100 * med(a["shares"]), 100 * min(a["shares"]), 100 * max(a["shares"]),
             100 * med(a["overheads"]), 100 * med(a["costs"]), 100 * min(a["costs"]), 100 * max(a["costs"]),
             100 * med(a["gc"]), med(a["allocs"]), med(a["bytes"])))
     lines += ["", "Where LuffyMQ's share goes: the LuffyMQ functions the samples are in (what they call "
               "included), as parts of the broker's CPU over all rounds, the %d largest per case." % TOP, ""]
     for system, pattern, qos, _, top in rows:
-        lines.append("- %s, %s QoS %d: %s" % (system, pattern, qos, "; ".join("`%s` %.1f %%" % (f, 100 * v) for f, v in top)))
+        lines.append("- %s, %s: %s" % (system, case_name(pattern, qos), "; ".join("`%s` %.1f %%" % (f, 100 * v) for f, v in top)))
     text = "\n".join(lines) + "\n"
     if opts.out:
         with open(opts.out, "w") as f:

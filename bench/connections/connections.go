@@ -319,9 +319,11 @@ type device struct {
 // deviceTopic is device id's command topic.
 func deviceTopic(id int) string { return "dev/" + strconv.Itoa(id) + "/cmd" }
 
-// dialDevice connects an MQTT v5 client with clean start and a 10 min
-// keep-alive (no PINGREQ during a run) and returns once its CONNACK came.
-func dialDevice(addr string, id int) (net.Conn, error) {
+// DialDevice connects device id as an MQTT v5 client (client ID d<id>)
+// with clean start and a 10 min keep-alive (no PINGREQ during a run) and
+// returns once its CONNACK came. The in-process connect benchmark
+// (hooks/connect_bench_test.go) dials the same way.
+func DialDevice(addr string, id int) (net.Conn, error) {
 	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		return nil, err
@@ -330,25 +332,25 @@ func dialDevice(addr string, id int) (net.Conn, error) {
 	cp := &packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, ClientID: "d" + strconv.Itoa(id), CleanStart: true,
 		KeepAlive: 600, Properties: &packets.Properties{}}
 	if _, err := cp.WriteTo(conn); err != nil {
-		closeNow(conn)
+		CloseNow(conn)
 		return nil, err
 	}
 	pk, err := packets.ReadPacket(conn)
 	if err != nil {
-		closeNow(conn)
+		CloseNow(conn)
 		return nil, fmt.Errorf("reading CONNACK: %w", err)
 	}
 	if ca, ok := pk.Content.(*packets.Connack); !ok || ca.ReasonCode != 0 {
-		closeNow(conn)
+		CloseNow(conn)
 		return nil, fmt.Errorf("CONNECT refused: %s", pk)
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return conn, nil
 }
 
-// subscribeDevice subscribes conn to its command topic at QoS 1 and
-// returns once the SUBACK came.
-func subscribeDevice(conn net.Conn, id int) error {
+// SubscribeDevice subscribes conn, device id's connection, to its command
+// topic (dev/<id>/cmd) at QoS 1 and returns once the SUBACK came.
+func SubscribeDevice(conn net.Conn, id int) error {
 	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
 	defer conn.SetDeadline(time.Time{})
 	sp := &packets.Subscribe{PacketID: 1, Subscriptions: []packets.SubOptions{{Topic: deviceTopic(id), QoS: 1}}, Properties: &packets.Properties{}}
@@ -365,9 +367,9 @@ func subscribeDevice(conn net.Conn, id int) error {
 	return nil
 }
 
-// closeNow closes conn with a reset, so the bench leaves no TIME_WAIT
+// CloseNow closes conn with a reset, so the bench leaves no TIME_WAIT
 // sockets behind on the ephemeral ports.
-func closeNow(conn net.Conn) {
+func CloseNow(conn net.Conn) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
 	}
@@ -414,7 +416,7 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 	if err != nil {
 		return err
 	}
-	defer closeNow(pubConn)
+	defer CloseNow(pubConn)
 	if run.RSSBeforeBytes, err = br.settledRSS(ctx, cfg.SettleWindow, cfg.SettleMax); err != nil {
 		return err
 	}
@@ -426,14 +428,14 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 	defer func() {
 		for _, d := range devs {
 			if d.conn != nil {
-				closeNow(d.conn)
+				CloseNow(d.conn)
 			}
 		}
 	}()
 	start := time.Now()
 	var connected int
 	connected, err = forEach(n, cfg.Dialers, func(i int) error {
-		c, err := dialDevice(br.Addr(), i)
+		c, err := DialDevice(br.Addr(), i)
 		if err == nil {
 			devs[i].conn = c
 		}
@@ -445,7 +447,7 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 		return fmt.Errorf("%d of %d connected: %w", connected, n, err)
 	}
 	start = time.Now()
-	run.Subscribed, err = forEach(n, cfg.Dialers, func(i int) error { return subscribeDevice(devs[i].conn, i) })
+	run.Subscribed, err = forEach(n, cfg.Dialers, func(i int) error { return SubscribeDevice(devs[i].conn, i) })
 	run.SubscribeS = time.Since(start).Seconds()
 	if err != nil {
 		return fmt.Errorf("%d of %d subscribed: %w", run.Subscribed, n, err)
@@ -543,11 +545,11 @@ func runChurn(ctx context.Context, cfg ConnectionsConfig, br connectionsBroker, 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		conn, err := dialDevice(br.Addr(), i)
+		conn, err := DialDevice(br.Addr(), i)
 		if err != nil {
 			return fmt.Errorf("session %d: %w", i, err)
 		}
-		err = subscribeDevice(conn, i)
+		err = SubscribeDevice(conn, i)
 		if err == nil {
 			_, err = (&packets.Disconnect{Properties: &packets.Properties{}}).WriteTo(conn)
 		}

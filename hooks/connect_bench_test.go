@@ -1,0 +1,131 @@
+package hooks_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/luffymq/luffymq/bench/connections"
+)
+
+// connectDialers is how many devices connect at once, as in
+// `luffy-bench connections` (its --dialers default).
+const connectDialers = 32
+
+// BenchmarkConnect compares the connect path of vanilla Mochi MQTT with
+// Mochi plus LuffyMQ's hooks and PINGREQ-reading listener (luffymq) and
+// with the broker itself (luffymq-broker), in process over loopback TCP:
+// b.N devices, connectDialers at a time, each connects (MQTT v5, clean
+// start), subscribes at QoS 1 to its own dev/<id>/cmd and stays connected
+// until the end, as `luffy-bench connections` does with the brokers as
+// processes of their own. Set-up and tear-down are outside the timed part.
+//
+// Custom metrics: connects/s is devices subscribed per second; cpu-ns/op
+// is the process's CPU time (broker and devices) per device. Both ends of
+// every connection are in this process: run it with at most half the
+// open-file limit, e.g.
+//
+//	go test -run '^$' -bench BenchmarkConnect -benchtime 5000x -benchmem -count 1 ./hooks/
+func BenchmarkConnect(b *testing.B) {
+	for _, system := range abSystems {
+		b.Run(system, func(b *testing.B) {
+			benchmarkConnect(b, system)
+		})
+	}
+}
+
+func benchmarkConnect(b *testing.B, system string) {
+	b.ReportAllocs()
+	r := newConnectRun(b, system)
+	b.ResetTimer()
+	cpuFrom := processCPU(b)
+	err := r.connectDevices(b.N)
+	cpu := processCPU(b) - cpuFrom
+	elapsed := b.Elapsed()
+	b.StopTimer()
+	require.NoError(b, err)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "connects/s")
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+// connectRun is a broker of one A/B system with devices connected to it.
+type connectRun struct {
+	*abRun
+	devices []net.Conn
+}
+
+// newConnectRun starts the broker for system, with no clients. It and the
+// devices are stopped by a cleanup registered on tb.
+func newConnectRun(tb testing.TB, system string) *connectRun {
+	tb.Helper()
+	r := &connectRun{abRun: &abRun{tb: tb, cfg: abConfig{System: system, Pattern: "connect"},
+		progress: make(chan struct{}, 1), pubDone: make(chan struct{})}}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	tb.Cleanup(r.close)
+	tb.Cleanup(func() {
+		for _, c := range r.devices {
+			if c != nil {
+				connections.CloseNow(c)
+			}
+		}
+	})
+	r.startServer()
+	return r
+}
+
+// connectDevices connects and subscribes devices 0 to n-1, connectDialers
+// at a time, and keeps their connections; it returns the first error.
+func (r *connectRun) connectDevices(n int) error {
+	r.devices = make([]net.Conn, n)
+	var next atomic.Int64
+	var failed atomic.Pointer[error]
+	var wg sync.WaitGroup
+	for range min(connectDialers, n) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || failed.Load() != nil {
+					return
+				}
+				conn, err := connections.DialDevice(r.addr, i)
+				if err == nil {
+					r.devices[i] = conn
+					err = connections.SubscribeDevice(conn, i)
+				}
+				if err != nil {
+					err = fmt.Errorf("device %d: %w", i, err)
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if errp := failed.Load(); errp != nil {
+		return *errp
+	}
+	return nil
+}
+
+// TestConnectRunSetsUpEveryDevice: what BenchmarkConnect times leaves, on
+// every system, each device connected under its own client ID with its
+// own subscription.
+func TestConnectRunSetsUpEveryDevice(t *testing.T) {
+	const n = 50
+	for _, system := range abSystems {
+		t.Run(system, func(t *testing.T) {
+			r := newConnectRun(t, system)
+			require.NoError(t, r.connectDevices(n))
+			for i := range n {
+				cl, ok := r.server.Clients.Get(fmt.Sprintf("d%d", i))
+				require.True(t, ok, "device %d is not connected", i)
+				require.Contains(t, cl.State.Subscriptions.GetAll(), fmt.Sprintf("dev/%d/cmd", i))
+			}
+		})
+	}
+}
