@@ -2,8 +2,12 @@ package hooks_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net"
+	"os"
+	"runtime"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +16,12 @@ import (
 
 	"github.com/luffymq/luffymq/bench/connections"
 )
+
+// connectHeapProfile is where BenchmarkConnect writes, once every device
+// is connected and after a garbage collection, a heap profile of what the
+// process holds (scripts/own-share.py runs it with -test.memprofilerate=1,
+// so that every allocation is in it).
+var connectHeapProfile = flag.String("connect-heap-profile", "", "BenchmarkConnect: write the heap in use, once every device is connected, to this file")
 
 // connectDialers is how many devices connect at once, as in
 // `luffy-bench connections` (its --dialers default).
@@ -49,6 +59,9 @@ func benchmarkConnect(b *testing.B, system string) {
 	elapsed := b.Elapsed()
 	b.StopTimer()
 	require.NoError(b, err)
+	if *connectHeapProfile != "" {
+		writeHeapProfile(b, *connectHeapProfile)
+	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "connects/s")
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
@@ -128,4 +141,14 @@ func TestConnectRunSetsUpEveryDevice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// writeHeapProfile collects garbage and writes the heap in use to path.
+func writeHeapProfile(tb testing.TB, path string) {
+	tb.Helper()
+	runtime.GC()
+	f, err := os.Create(path)
+	require.NoError(tb, err)
+	defer f.Close()
+	require.NoError(tb, pprof.WriteHeapProfile(f))
 }

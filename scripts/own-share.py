@@ -58,6 +58,7 @@ MOCHI = "github.com/mochi-mqtt/server/"
 CLIENTS = ("github.com/luffymq/luffymq/hooks_test.", "github.com/luffymq/luffymq/bench/", "github.com/eclipse/paho")
 IO = ("net.", "internal/poll.", "syscall.", "os.(*File)")
 
+BYTES = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -66,6 +67,14 @@ def seconds(value):
     if not m:
         raise ValueError("not a duration: %r" % value)
     return float(m.group(1)) * UNITS[m.group(2)]
+
+
+def quantity(value):
+    """A -traces sample value: a duration in seconds, or bytes."""
+    m = re.fullmatch(r"([0-9.]+)(B|kB|MB|GB|TB)", value)
+    if m:
+        return float(m.group(1)) * BYTES[m.group(2)]
+    return seconds(value)
 
 
 def classify(frames):
@@ -87,14 +96,15 @@ def classify(frames):
 def parse_traces(text):
     """Yields (seconds, frames leaf first) from `go tool pprof -traces`."""
     for block in text.split("-----------+-------------------------------------------------------")[1:]:
-        lines = [ln for ln in block.splitlines() if ln.strip()]
+        # A heap profile's blocks start with a "bytes:" label line.
+        lines = [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith(("bytes:", "label"))]
         if not lines:
             continue
         first = lines[0].split()
         if len(first) < 2:
             continue
         try:
-            value = seconds(first[0])
+            value = quantity(first[0])
         except ValueError:
             continue
         frames = [first[1]] + [ln.split()[0] for ln in lines[1:] if not ln.lstrip().startswith(("bytes:", "label"))]
@@ -135,6 +145,23 @@ def profile(system, pattern, qos, n, workdir):
     return by, counts, functions
 
 
+def heap_profile(system, n, workdir):
+    """Connects n devices to system with every allocation recorded, and
+    returns the bytes the process holds once they are all connected, by
+    kind (own, mochi, clients, other)."""
+    binary = os.path.join(workdir, "hooks.test")
+    prof = os.path.join(workdir, "heap-%s.prof" % system)
+    args = [binary, "-test.run", "^$", "-test.bench", "^BenchmarkConnect$/^%s$" % system, "-test.benchtime", "%dx" % n,
+            "-test.count", "1", "-test.memprofilerate", "1", "-connect-heap-profile", prof]
+    subprocess.run(args, cwd=os.path.join(ROOT, "hooks"), capture_output=True, text=True, check=True)
+    traces = subprocess.run(["go", "tool", "pprof", "-traces", "-sample_index=inuse_space", binary, prof],
+                            capture_output=True, text=True, check=True).stdout
+    by = {"own": 0.0, "mochi": 0.0, "clients": 0.0, "other": 0.0}
+    for value, frames in parse_traces(traces):
+        by[classify(frames)[0]] += value
+    return by
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=100000, help="published messages per run")
@@ -148,6 +175,7 @@ def main():
     with tempfile.TemporaryDirectory() as workdir:
         subprocess.run(["go", "test", "-c", "-o", os.path.join(workdir, "hooks.test"), "./hooks/"], cwd=ROOT, check=True)
         rows = []
+        heaps = None
         wanted = None if opts.cases == "all" else set(opts.cases.split(","))
         cases = [(p, q) for p, q in CASES if wanted is None or p + ("" if q is None else str(q)) in wanted]
         if not cases:
@@ -179,6 +207,8 @@ def main():
                 a = acc[system]
                 top = sorted(a["where"].items(), key=lambda kv: -kv[1])[:TOP]
                 rows.append((system, pattern, qos, a, [(f, v / a["broker"]) for f, v in top]))
+            if qos is None:
+                heaps = {system: heap_profile(system, n, workdir) for system in ("vanilla",) + SYSTEMS}
     med = statistics.median
     command = "scripts/own-share.py"
     if any(q is not None for _, q in cases):
@@ -225,6 +255,22 @@ def main():
               "included), as parts of the broker's CPU over all rounds, the %d largest per case." % TOP, ""]
     for system, pattern, qos, _, top in rows:
         lines.append("- %s, %s: %s" % (system, case_name(pattern, qos), "; ".join("`%s` %.1f %%" % (f, 100 * v) for f, v in top)))
+    if heaps:
+        kib = lambda v: v / opts.connects / 1024
+        vanilla_broker = heaps["vanilla"]["own"] + heaps["vanilla"]["mochi"]
+        lines += ["", "Heap in use per connected device: one more run of the connect case per system with every "
+                  "allocation recorded (`-test.memprofilerate 1`), the heap profile written once all %d devices are "
+                  "connected and subscribed, after a garbage collection, its bytes classified as the CPU samples are "
+                  "(the devices' own code, bench/connections, and paho count as the clients'). Goroutine stacks are "
+                  "not heap: `luffy-bench connections` reports them (Mochi's reader and write loop per client)." % opts.connects, "",
+                  "| system | LuffyMQ's | Mochi's | the broker's | over vanilla | the devices' | other (runtime) |",
+                  "|---|---|---|---|---|---|---|"]
+        for system in ("vanilla",) + SYSTEMS:
+            h = heaps[system]
+            broker = h["own"] + h["mochi"]
+            lines.append("| %s | %.2f KiB | %.2f KiB | %.2f KiB | %s | %.2f KiB | %.2f KiB |" % (
+                system, kib(h["own"]), kib(h["mochi"]), kib(broker),
+                "—" if system == "vanilla" else "%+.2f KiB" % kib(broker - vanilla_broker), kib(h["clients"]), kib(h["other"])))
     text = "\n".join(lines) + "\n"
     if opts.out:
         with open(opts.out, "w") as f:
