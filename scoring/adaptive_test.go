@@ -583,17 +583,11 @@ func TestAdaptiveLearnsServiceFromAcks(t *testing.T) {
 	require.Zero(t, f.member("a").Reports)
 }
 
-// TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst: a member that
-// acknowledges in bursts (paho.golang flushes manual acks every 50 ms)
-// holds more unacknowledged messages than it has left to do. Its
-// unacknowledged deliveries are a floor on its backlog only for what it
-// cannot have finished since its last burst; otherwise the member looks
-// busier than it is until its next flush (on an uneven fleet of 20 with
-// 50 ms flushes, the simulated mean fell from 6.90 to 5.77 ms).
-func TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst(t *testing.T) {
+// newTimerAcker is a fixture whose one member, "a", has acknowledged in
+// bursts of two every 50 ms, as a ticker flushes them (paho.golang's
+// manual acks): 25 ms per message.
+func newTimerAcker(t *testing.T) *fixture {
 	f := newFixture(t, adaptive, "a")
-	// Bursts of two acks every 50 ms, as a ticker flushes them: 25 ms per
-	// message, in bursts.
 	for i := 0; i < 10; i++ {
 		f.qos1Send()
 		f.qos1Send()
@@ -602,6 +596,18 @@ func TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst(t *testing.T) {
 		f.e.InFlightAcknowledged("a")
 	}
 	require.Equal(t, ms(25), f.member("a").ServiceEstimate)
+	return f
+}
+
+// TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst: a member that
+// acknowledges in bursts (paho.golang flushes manual acks every 50 ms)
+// holds more unacknowledged messages than it has left to do. Its
+// unacknowledged deliveries are a floor on its backlog only for what it
+// cannot have finished since its last burst; otherwise the member looks
+// busier than it is until its next flush (on an uneven fleet of 20 with
+// 50 ms flushes, the simulated mean fell from 6.90 to 5.77 ms).
+func TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst(t *testing.T) {
+	f := newTimerAcker(t)
 	// Three more at once; 45 ms later, before its next flush, the first is
 	// done and the second nearly: a new message would start at 75 ms, 30
 	// ms from now, as the model of what was sent says, not after the two
@@ -624,17 +630,7 @@ func TestAdaptiveBurstAckerMayHaveFinishedSinceItsBurst(t *testing.T) {
 // 50 members with acks flushed every 50 ms and fixed work, the geometric
 // mean of adaptive's means fell from 5.58 to 5.32 ms).
 func TestAdaptiveTimerBurstBoundsTheModelAsAWhole(t *testing.T) {
-	f := newFixture(t, adaptive, "a")
-	// Bursts of two acks every 50 ms, as a ticker flushes them: 25 ms per
-	// message.
-	for i := 0; i < 10; i++ {
-		f.qos1Send()
-		f.qos1Send()
-		f.advance(ms(50))
-		f.e.InFlightAcknowledged("a")
-		f.e.InFlightAcknowledged("a")
-	}
-	require.Equal(t, ms(25), f.member("a").ServiceEstimate)
+	f := newTimerAcker(t)
 	// Three sent to it idle run from 0 to 25, 50 and 75 ms. The flush
 	// whose acks arrive at 60 ms acknowledges the first two; the third has
 	// run 10 ms of its 25 and is done at 75: 15 ms from now.
