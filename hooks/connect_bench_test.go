@@ -8,8 +8,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -95,34 +93,18 @@ func newConnectRun(tb testing.TB, system string) *connectRun {
 // at a time, and keeps their connections; it returns the first error.
 func (r *connectRun) connectDevices(n int) error {
 	r.devices = make([]net.Conn, n)
-	var next atomic.Int64
-	var failed atomic.Pointer[error]
-	var wg sync.WaitGroup
-	for range min(connectDialers, n) {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n || failed.Load() != nil {
-					return
-				}
-				conn, err := connections.DialDevice(r.addr, i)
-				if err == nil {
-					r.devices[i] = conn
-					err = connections.SubscribeDevice(conn, i)
-				}
-				if err != nil {
-					err = fmt.Errorf("device %d: %w", i, err)
-					failed.CompareAndSwap(nil, &err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if errp := failed.Load(); errp != nil {
-		return *errp
-	}
-	return nil
+	_, err := connections.ForEach(n, connectDialers, func(i int) error {
+		conn, err := connections.DialDevice(r.addr, i)
+		if err == nil {
+			r.devices[i] = conn
+			err = connections.SubscribeDevice(conn, i)
+		}
+		if err != nil {
+			return fmt.Errorf("device %d: %w", i, err)
+		}
+		return nil
+	})
+	return err
 }
 
 // TestConnectRunSetsUpEveryDevice: what BenchmarkConnect times leaves, on

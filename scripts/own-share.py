@@ -134,7 +134,15 @@ def profile(system, pattern, qos, n, workdir):
     if not m:
         sys.exit("no result in:\n" + out)
     counts = {"cpu_ns": float(m.group(1)), "bytes": int(m.group(2)), "allocs": int(m.group(3))}
-    traces = subprocess.run(["go", "tool", "pprof", "-traces", binary, prof], capture_output=True, text=True, check=True).stdout
+    by, functions = classified(binary, prof)
+    return by, counts, functions
+
+
+def classified(binary, prof, *pprof_flags):
+    """A profile's samples summed by kind (own, mochi, clients, other), and
+    LuffyMQ's by function."""
+    traces = subprocess.run(["go", "tool", "pprof", "-traces", *pprof_flags, binary, prof],
+                            capture_output=True, text=True, check=True).stdout
     by = {"own": 0.0, "mochi": 0.0, "clients": 0.0, "other": 0.0}
     functions = {}
     for value, frames in parse_traces(traces):
@@ -142,7 +150,7 @@ def profile(system, pattern, qos, n, workdir):
         by[kind] += value
         if function:
             functions[function] = functions.get(function, 0.0) + value
-    return by, counts, functions
+    return by, functions
 
 
 def heap_profile(system, n, workdir):
@@ -154,12 +162,7 @@ def heap_profile(system, n, workdir):
     args = [binary, "-test.run", "^$", "-test.bench", "^BenchmarkConnect$/^%s$" % system, "-test.benchtime", "%dx" % n,
             "-test.count", "1", "-test.memprofilerate", "1", "-connect-heap-profile", prof]
     subprocess.run(args, cwd=os.path.join(ROOT, "hooks"), capture_output=True, text=True, check=True)
-    traces = subprocess.run(["go", "tool", "pprof", "-traces", "-sample_index=inuse_space", binary, prof],
-                            capture_output=True, text=True, check=True).stdout
-    by = {"own": 0.0, "mochi": 0.0, "clients": 0.0, "other": 0.0}
-    for value, frames in parse_traces(traces):
-        by[classify(frames)[0]] += value
-    return by
+    return classified(binary, prof, "-sample_index=inuse_space")[0]
 
 
 def main():

@@ -376,9 +376,9 @@ func CloseNow(conn net.Conn) {
 	_ = conn.Close()
 }
 
-// forEach runs fn(i) for i in [0, n) on workers goroutines and returns
+// ForEach runs fn(i) for i in [0, n) on workers goroutines and returns
 // how many succeeded and the first error.
-func forEach(n, workers int, fn func(i int) error) (ok int, first error) {
+func ForEach(n, workers int, fn func(i int) error) (ok int, first error) {
 	var (
 		next, done atomic.Int64
 		mu         sync.Mutex
@@ -434,7 +434,7 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 	}()
 	start := time.Now()
 	var connected int
-	connected, err = forEach(n, cfg.Dialers, func(i int) error {
+	connected, err = ForEach(n, cfg.Dialers, func(i int) error {
 		c, err := DialDevice(br.Addr(), i)
 		if err == nil {
 			devs[i].conn = c
@@ -447,7 +447,7 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 		return fmt.Errorf("%d of %d connected: %w", connected, n, err)
 	}
 	start = time.Now()
-	run.Subscribed, err = forEach(n, cfg.Dialers, func(i int) error { return SubscribeDevice(devs[i].conn, i) })
+	run.Subscribed, err = ForEach(n, cfg.Dialers, func(i int) error { return SubscribeDevice(devs[i].conn, i) })
 	run.SubscribeS = time.Since(start).Seconds()
 	if err != nil {
 		return fmt.Errorf("%d of %d subscribed: %w", run.Subscribed, n, err)
@@ -489,7 +489,7 @@ func runConnections(ctx context.Context, cfg ConnectionsConfig, br connectionsBr
 		}(i, devs[i].conn)
 	}
 	start = time.Now()
-	_, pubErr := forEach(n, 64, func(i int) error {
+	_, pubErr := ForEach(n, 64, func(i int) error {
 		pctx, cancel := context.WithDeadline(ctx, deadline)
 		defer cancel()
 		_, err := pub.Publish(pctx, &paho.Publish{Topic: deviceTopic(i), QoS: 1, Payload: []byte("cmd " + strconv.Itoa(i))})
