@@ -86,9 +86,12 @@ func (r *PublishRate) decay(now time.Time) {
 }
 
 // Add counts one event at now.
-func (r *PublishRate) Add(now time.Time) {
+func (r *PublishRate) Add(now time.Time) { r.AddN(now, 1) }
+
+// AddN counts n events at now.
+func (r *PublishRate) AddN(now time.Time, n float64) {
 	r.decay(now)
-	r.count++
+	r.count += n
 }
 
 // PerSecond is the rate at now.

@@ -113,7 +113,12 @@ type brokerState struct {
 	// its intake since its boot; since, that count when the Router first
 	// heard of it (what it took before is not the Router's).
 	taken, since uint64
-	heard        bool
+	// thirdTaken is its count of the messages of sites other than the
+	// Router's it took from its intake since its boot: their routers'
+	// messages, which race the Router's for the site's idle members
+	// (site.racing).
+	thirdTaken uint64
+	heard      bool
 	// unbooked is, for a sibling, its last State.Unbooked of the Router's
 	// broker, by site.
 	unbooked map[string]uint64
@@ -135,6 +140,11 @@ type site struct {
 	// publishes is the merged brokers' local publishes a second: they
 	// race a routed message for the members that are idle.
 	publishes float64
+	// racing is the rate of the other sites' messages its brokers take
+	// from their intake, the Router's own excepted: what third sites'
+	// routers send it races the Router's messages for its idle members
+	// as its own publishes do.
+	racing PublishRate
 	// intake is the other sites' messages ready in the site's intake
 	// queue, by its newest state.
 	intake int
@@ -261,6 +271,12 @@ func (r *Router) Observe(st State, arrived time.Time) {
 		return // overtaken by a newer state
 	}
 	taken := st.Taken[r.cfg.Site]
+	var third uint64
+	for origin, n := range st.Taken {
+		if origin != r.cfg.Site {
+			third += n
+		}
+	}
 	switch {
 	case !b.heard:
 		b.since, b.heard = taken, true
@@ -269,8 +285,11 @@ func (r *Router) Observe(st State, arrived time.Time) {
 		// is requeued to the intake, which the states count.
 		s.retired += b.taken - b.since
 		b.since = 0
+		s.racing.AddN(arrived, float64(third))
+	case third > b.thirdTaken:
+		s.racing.AddN(arrived, float64(third-b.thirdTaken))
 	}
-	b.boot, b.taken = st.Boot, taken
+	b.boot, b.taken, b.thirdTaken = st.Boot, taken, third
 	b.members, b.sentAt, b.arrived, b.publishes = members, sent, arrived, st.Publishes
 	if !arrived.Before(s.arrived) {
 		s.arrived, s.intake = arrived, st.Intake
@@ -537,7 +556,10 @@ func (r *Router) FreshSites(now time.Time) int {
 // (they are on the way, or in the intake). The newest of those whose send
 // times are known, sent at most credit after the site's last state
 // arrived, reach the site one delay after they were sent, and a free
-// member starts each on arrival. It gives up above limit.
+// member starts each on arrival. Meanwhile, from the site's state until
+// the message arrives, the site's own publishes and the messages third
+// sites route there (site.racing) take the members idle when they come.
+// It gives up above limit.
 func (s *site) start(now time.Time, limit, credit time.Duration) (time.Duration, bool) {
 	// The state describes the site at (arrived − delay) in our clock; the
 	// message gets there at now + delay, and one sent at t at t + delay.
@@ -552,11 +574,10 @@ func (s *site) start(now time.Time, limit, credit time.Duration) (time.Duration,
 		}
 	}
 	extra := max(s.intake-out, 0) + out - known
-	// The site's own publishes meanwhile (from its state until the
-	// message arrives) take members that are idle when they come: the
-	// start is interpolated between the whole numbers around how many
-	// are expected, so that a member likely taken counts in part.
-	takers := min(s.publishes*elapsed.Seconds(), maxIdleTakers)
+	// The racers expected meanwhile: the start is interpolated between
+	// the whole numbers around their count, so that a member likely taken
+	// counts in part.
+	takers := min((s.publishes+s.racing.PerSecond(now))*elapsed.Seconds(), maxIdleTakers)
 	whole := int(takers)
 	limit = max(limit-s.delay, 0)
 	wait, ok := predictStartAfter(s.merged, elapsed, extra, arrivals[:known], whole, limit)
@@ -571,6 +592,5 @@ func (s *site) start(now time.Time, limit, credit time.Duration) (time.Duration,
 	return s.delay + wait, true
 }
 
-// maxIdleTakers bounds how many of a site's own publishes are expected
-// to race a routed message (site.start).
+// maxIdleTakers bounds how many racers site.start counts.
 const maxIdleTakers = 16

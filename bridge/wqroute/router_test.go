@@ -1,6 +1,7 @@
 package wqroute
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -563,5 +564,49 @@ func TestRouteCountsTheSitesOwnPublishes(t *testing.T) {
 	r.Observe(st, t0.Add(51*ms))
 	if vs := r.Views(t0.Add(51*ms), nil); vs[0].Start != 50*ms {
 		t.Fatalf("Views without local publishes = %+v, want 50ms", vs)
+	}
+}
+
+// What third sites route to a site races the Router's messages for its
+// idle members as the site's own publishes do: the rate comes from the
+// growth of the site's counts of what it took from them, and a site
+// whose two idle members a third site keeps taking is no longer worth a
+// message that starts at home 100 ms from now.
+func TestRouteCountsWhatThirdSitesRouteThere(t *testing.T) {
+	state := func(sent time.Time, third uint64) State {
+		return State{Site: "far", Broker: "f1", Boot: "b", Sent: sent.UnixNano(), Taken: map[string]uint64{"here": 3, "third": third},
+			Members: []MemberState{{Service: time.Second}, {Service: time.Second}}}
+	}
+	quiet := NewRouter(Config{Site: "here", StaleAfter: 3 * time.Second})
+	busy := NewRouter(Config{Site: "here", StaleAfter: 3 * time.Second})
+	for _, r := range []*Router{quiet, busy} {
+		r.Observe(state(t0, 0), t0.Add(50*ms))
+	}
+	now := t0.Add(1050 * ms)
+	quiet.Observe(state(t0.Add(time.Second), 0), now)
+	busy.Observe(state(t0.Add(time.Second), 30), now) // 30 taken from "third" in that second
+	if c := quiet.Route(now, 100*ms, time.Hour); c.Site != "far" || c.Start != 50*ms {
+		t.Fatalf("without a third site's messages: Route = %+v, want far at 50ms", c)
+	}
+	// 30 counted at now, over the rate's 2 s time constant: 15 a second,
+	// 1.5 expected from the state until the message arrives (2 × 50 ms).
+	// One takes a member; with two, both are taken, and the message waits
+	// for the first to free, 1 s after it came (at −66.7 ms of the
+	// message's arrival): half of that, 50 ms away.
+	want := 50*ms + (time.Second-200*ms/3)/2
+	vs := busy.Views(now, nil)
+	if len(vs) != 1 || !vs[0].OK || vs[0].Start != want {
+		t.Fatalf("Views = %+v, want far at %v", vs, want)
+	}
+	if c := busy.Route(now, 100*ms, time.Hour); c.Site != "" {
+		t.Fatalf("with a third site's messages racing: Route = %+v, want the local site (100ms < %v)", c, want)
+	}
+	// A restarted broker counts from zero; what it took since counts as new.
+	st := state(t0.Add(1100*ms), 2)
+	st.Boot = "b2"
+	before := busy.find("far").racing.PerSecond(now.Add(50 * ms))
+	busy.Observe(st, now.Add(50*ms))
+	if after := busy.find("far").racing.PerSecond(now.Add(50 * ms)); math.Abs(after-before-1) > 1e-9 {
+		t.Fatalf("after a restart the rate rose by %v, want 1 (2 taken since the boot)", after-before)
 	}
 }
