@@ -137,7 +137,9 @@ func New(cfg Config) (*Broker, error) {
 		// mochiLogEvery, with the count held back.
 		Logger:       mochiLogger(cfg.Logger),
 		Capabilities: capabilities,
-		InlineClient: cfg.AMQPURL != "", // the bridge injects remote messages through it
+		// Allocated per client at connect (see Config.ReadBufferBytes).
+		ClientNetReadBufferSize: cfg.ReadBufferBytes,
+		InlineClient:            cfg.AMQPURL != "", // the bridge injects remote messages through it
 	})
 	// A client reconnecting while Mochi still tears down its previous
 	// connection waits for the teardown, before any hook sees it (see

@@ -109,6 +109,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	ackTimeout := fs.Duration("ack-timeout", 0, "time a connected shared-group member may hold a QoS 1/2 message unacknowledged before it goes to another member of the group (0: never)")
 	memoryTrimStep := fs.Int("memory-trim-connections", DefaultMemoryTrimStep, "after this many connections arrived, or the number connected moved by this many, and none arrived for a second, return the memory the broker freed to the OS (one garbage collection per connection storm); and while the broker allocates lightly, collect its garbage once it exceeds a quarter of the live heap and stacks. Negative: neither")
 	maxPendingWrites := fs.Int("max-pending-writes", 0, "packets Mochi queues per client for its write loop before it drops publishes to that client (0: one per 16 KiB of --max-queued-bytes, 64 to 8192: 512 by default)")
+	readBufferBytes := fs.Int("read-buffer-bytes", DefaultReadBufferBytes, fmt.Sprintf("bytes of the buffer each client's packets are read through, held for as long as the client is connected: smaller saves memory per idle device, larger saves system calls for a client that publishes fast (%d to %d)", MinReadBufferBytes, MaxReadBufferBytes))
 	maxSessionMessages := fs.Int("max-session-messages", DefaultMaxSessionMessages, "most QoS 1/2 messages one session holds unacknowledged or waiting, its client connected or not; past it a delivery to the session is dropped and counted (luffymq_inflight_dropped_total), at most 65535")
 	publisherPacing := fs.Bool("publisher-pacing", true, "make a publisher wait (at most --publisher-pacing-max-wait per delivery) before it hands a message to a client whose write queue is 3/4 full while that client drains it, so TCP slows the publisher instead of the client's messages being dropped; a client that reads nothing never makes anyone wait")
 	publisherPacingMaxWait := fs.Duration("publisher-pacing-max-wait", hooks.DefaultPacingMaxWait, "with --publisher-pacing: the longest a publisher waits for one delivery (at most 1s)")
@@ -238,6 +239,7 @@ func LoadConfig(args, environ []string, usageOutput, logOutput io.Writer) (Confi
 	cfg.AckTimeout = *ackTimeout
 	cfg.MaxPendingWrites = *maxPendingWrites
 	cfg.MaxSessionMessages = *maxSessionMessages
+	cfg.ReadBufferBytes = *readBufferBytes
 	if *publisherPacingMaxWait <= 0 {
 		return Config{}, fmt.Errorf("%w: publisher-pacing-max-wait %v must be positive (--publisher-pacing=false turns pacing off)", ErrInvalidConfig, *publisherPacingMaxWait)
 	}

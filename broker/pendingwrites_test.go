@@ -2,6 +2,7 @@ package broker
 
 import (
 	"io"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,6 +39,47 @@ func TestMaxPendingWritesReachesMochi(t *testing.T) {
 		require.Error(t, err, bad)
 		require.Contains(t, err.Error(), "max-pending-writes")
 		require.NotContains(t, err.Error(), "\n")
+	}
+}
+
+// TestReadBufferBytesReachesMochi checks that --read-buffer-bytes sizes
+// the buffer Mochi reads each client through, that the default is
+// DefaultReadBufferBytes, that values out of range are refused in one line,
+// and that a publish larger than a small buffer still arrives whole.
+func TestReadBufferBytesReachesMochi(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want int
+	}{
+		{nil, DefaultReadBufferBytes},
+		{[]string{"--read-buffer-bytes", "0"}, DefaultReadBufferBytes},
+		{[]string{"--read-buffer-bytes", "64"}, 64},
+		{[]string{"--read-buffer-bytes", "1048576"}, 1 << 20},
+	} {
+		cfg, err := ConfigFromArgs(append([]string{"--listen", "127.0.0.1:0", "--http", ""}, tt.args...), io.Discard, io.Discard)
+		require.NoError(t, err, tt.args)
+		b, err := New(cfg)
+		require.NoError(t, err, tt.args)
+		require.Equal(t, tt.want, b.server.Options.ClientNetReadBufferSize, tt.args)
+		require.NoError(t, b.Close())
+	}
+	for _, bad := range []string{"-1", "63", "1048577"} {
+		_, err := ConfigFromArgs([]string{"--read-buffer-bytes", bad}, io.Discard, io.Discard)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), "read-buffer-bytes")
+		require.NotContains(t, err.Error(), "\n")
+	}
+
+	b := startBroker(t, func(c *Config) { c.ReadBufferBytes = MinReadBufferBytes })
+	sub, _ := connectSession(t, b.MQTTAddr(), "small-buffer-sub")
+	sub.subscribe(t, "small-buffer/jobs")
+	pub := connectPaho(t, b.MQTTAddr(), "small-buffer-pub", nil)
+	large := strings.Repeat("x", 64*1024)
+	payloads := append(numberedPayloads("small-buffer", 20), large)
+	publishAcked(t, pub.Client, "small-buffer/jobs", payloads, 1)
+	eventually(t, 5*time.Second, func() bool { distinct, _ := sub.counts(); return distinct == len(payloads) }, "every publish through a 64-byte read buffer")
+	for _, p := range payloads {
+		require.True(t, sub.got(p), p[:min(len(p), 20)])
 	}
 }
 
