@@ -178,7 +178,7 @@ func TestDefaultSitesMatrixCells(t *testing.T) {
 				t.Errorf("%s at %v×: %v", top.Name, scale, err)
 			}
 			for _, sc := range cfg.Scenarios {
-				if _, err := newWQWorkload(sc, cc.Sites, cc.ConsumersPerSite, cc.ServiceTime, cc.WQDuration); err != nil {
+				if _, err := newWQWorkload(sc, cc.Sites, cc.ConsumersPerSite, 1, cc.ServiceTime, cc.WQDuration); err != nil {
 					t.Errorf("%s at %v×, %s: %v", top.Name, scale, sc, err)
 				}
 			}

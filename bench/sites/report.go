@@ -221,8 +221,16 @@ func describeWorkload(res *SitesResults, scenario string) string {
 			for _, r := range w.Rates {
 				total += r
 			}
-			return fmt.Sprintf("Poisson arrivals for %s: %s; each consumer takes %s per message. Total %.1f msg/s for a capacity of %.0f msg/s; %.1f msg/s (%s), all from the busy site %s, cannot be processed where published.",
-				w.Duration, strings.Join(parts, "; "), w.Service, total, w.Capacity(), w.MustMove(), harness.FmtPercent(w.MustMove()/total), w.Sites[w.Hot])
+			var busy []string
+			for _, i := range w.BusySites() {
+				busy = append(busy, w.Sites[i])
+			}
+			from := "all from the busy site " + busy[0]
+			if len(busy) > 1 {
+				from = "all from the busy sites " + strings.Join(busy, " and ")
+			}
+			return fmt.Sprintf("Poisson arrivals for %s: %s; each consumer takes %s per message. Total %.1f msg/s for a capacity of %.0f msg/s; %.1f msg/s (%s), %s, cannot be processed where published.",
+				w.Duration, strings.Join(parts, "; "), w.Service, total, w.Capacity(), w.MustMove(), harness.FmtPercent(w.MustMove()/total), from)
 		}
 		if w := wl.PS; w != nil {
 			inst := w.InstanceSites()

@@ -132,7 +132,7 @@ func (r *sitesRunner) run(ctx context.Context, scenario, arch string) SitesRun {
 	if err == nil {
 		if isWorkQueue(scenario) {
 			var w wqWorkload
-			if w, err = newWQWorkload(scenario, r.cfg.Sites, r.cfg.ConsumersPerSite, r.cfg.ServiceTime, r.cfg.WQDuration); err == nil {
+			if w, err = newWQWorkload(scenario, r.cfg.Sites, r.cfg.ConsumersPerSite, r.cfg.BusySites, r.cfg.ServiceTime, r.cfg.WQDuration); err == nil {
 				err = r.runWQ(ctx, &run, w)
 			}
 		} else {

@@ -42,6 +42,10 @@ type SitesConfig struct {
 	ProducerRate float64 `json:"producer_msgs_per_s"`
 	// ConsumersPerSite is the number of work-queue consumers at each site.
 	ConsumersPerSite int `json:"wq_consumers_per_site"`
+	// BusySites is how many sites of the work-queue scenarios are busy,
+	// from the second on (1 to len(Sites)−1; 0 in results written before
+	// it could be more than 1).
+	BusySites int `json:"wq_busy_sites,omitempty"`
 	// WQDuration is the publishing time of the work-queue scenarios.
 	WQDuration time.Duration `json:"wq_duration_ns"`
 	// PSDuration is the publishing time of ps-B, ps-P and ps-S.
@@ -94,6 +98,7 @@ func DefaultSitesConfig() SitesConfig {
 		ServiceTime:      100 * time.Millisecond,
 		ProducerRate:     10,
 		ConsumersPerSite: 2,
+		BusySites:        1,
 		WQDuration:       10 * time.Second,
 		PSDuration:       5 * time.Second,
 		PhaseDuration:    5 * time.Second,
@@ -242,6 +247,9 @@ func (c SitesConfig) validate() error {
 	}
 	if c.ConsumersPerSite < 1 || c.ConsumersPerSite > 20 {
 		return fmt.Errorf("--consumers %d: want 1 to 20", c.ConsumersPerSite)
+	}
+	if c.BusySites < 1 || c.BusySites >= len(c.Sites) {
+		return fmt.Errorf("--busy-sites %d: want 1 to %d (one fewer than the %d sites)", c.BusySites, len(c.Sites)-1, len(c.Sites))
 	}
 	for name, d := range map[string]time.Duration{"--wq-duration": c.WQDuration, "--ps-duration": c.PSDuration, "--phase": c.PhaseDuration} {
 		if d < 500*time.Millisecond || d > 10*time.Minute {
@@ -513,7 +521,7 @@ func runSitesOn(ctx context.Context, cfg SitesConfig, env *sitesEnv) (*SitesResu
 	for _, sc := range cfg.Scenarios {
 		wl := SitesWorkload{Scenario: sc}
 		if isWorkQueue(sc) {
-			w, err := newWQWorkload(sc, cfg.Sites, cfg.ConsumersPerSite, cfg.ServiceTime, cfg.WQDuration)
+			w, err := newWQWorkload(sc, cfg.Sites, cfg.ConsumersPerSite, cfg.BusySites, cfg.ServiceTime, cfg.WQDuration)
 			if err != nil {
 				return nil, err
 			}
@@ -622,6 +630,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	service := fs.Duration("service", d.ServiceTime, "work-queue consumer's processing time per message (the thesis's 1 s, scaled)")
 	rate := fs.Float64("rate", d.ProducerRate, "pub/sub producer's messages per second (the thesis's 1, scaled)")
 	consumers := fs.Int("consumers", d.ConsumersPerSite, "work-queue consumers per site")
+	busy := fs.Int("busy-sites", d.BusySites, "busy sites of wq-local and wq-balanced, from the second site on (wq-balanced with more than one: together they bring all consumers to 80 % of their capacity)")
 	wqDur := fs.Duration("wq-duration", d.WQDuration, "publishing time of wq-local and wq-balanced")
 	psDur := fs.Duration("ps-duration", d.PSDuration, "publishing time of ps-B, ps-P and ps-S")
 	phase := fs.Duration("phase", d.PhaseDuration, "length of each of ps-dynamic's six phases (and reconfig's)")
@@ -649,7 +658,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	cfg := d
 	cfg.Out, cfg.LuffyMQ, cfg.Controller, cfg.Progress, cfg.Trace = *out, *luffymq, *controller, stdout, *trace
 	cfg.Sites, cfg.Scenarios, cfg.Architectures = harness.SplitList(*sites), harness.SplitList(*scenarios), harness.SplitList(*archs)
-	cfg.ServiceTime, cfg.ProducerRate, cfg.ConsumersPerSite = *service, *rate, *consumers
+	cfg.ServiceTime, cfg.ProducerRate, cfg.ConsumersPerSite, cfg.BusySites = *service, *rate, *consumers, *busy
 	cfg.WQDuration, cfg.PSDuration, cfg.PhaseDuration, cfg.ReconfigPeriod = *wqDur, *psDur, *phase, *period
 	cfg.Lambda, cfg.DrainTimeout, cfg.Window, cfg.Seed = *lambda, *drain, *window, sd
 	cfg.WQTTLPerMember, cfg.WQMaxLengthPerMember, cfg.WQUnackedPerMember, cfg.WQRetuneInterval = *wqTTL, *wqMaxLength, *wqUnacked, *wqRetune

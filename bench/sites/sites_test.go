@@ -21,7 +21,7 @@ var testSites = []string{"berlin", "tunis", "montreal", "tokyo"}
 
 func TestSitesWQWorkloadRates(t *testing.T) {
 	service := 100 * time.Millisecond
-	local, err := newWQWorkload(SitesWQLocal, testSites, 2, service, 10*time.Second)
+	local, err := newWQWorkload(SitesWQLocal, testSites, 2, 1, service, 10*time.Second)
 	require.NoError(t, err)
 	// 2 consumers of 100 ms: 20 msg/s per site; the second site is busy.
 	require.Equal(t, 1, local.Hot)
@@ -35,7 +35,7 @@ func TestSitesWQWorkloadRates(t *testing.T) {
 	require.InDelta(t, 80, local.Capacity(), 1e-9)
 	require.InDelta(t, 3, local.MustMove(), 1e-9, "only the busy site's 15 % above capacity must move")
 
-	bal, err := newWQWorkload(SitesWQBalanced, testSites, 2, service, 10*time.Second)
+	bal, err := newWQWorkload(SitesWQBalanced, testSites, 2, 1, service, 10*time.Second)
 	require.NoError(t, err)
 	total, localCap := 0.0, 0.0
 	for i, r := range bal.Rates {
@@ -47,18 +47,60 @@ func TestSitesWQWorkloadRates(t *testing.T) {
 	require.InDelta(t, localCap, bal.MustMove(), 1e-9, "wq-balanced: as much must move as can stay")
 	require.Less(t, total, bal.Capacity(), "the sites together keep up")
 
-	_, err = newWQWorkload(SitesPSB, testSites, 2, service, time.Second)
+	_, err = newWQWorkload(SitesPSB, testSites, 2, 1, service, time.Second)
 	require.Error(t, err)
-	_, err = newWQWorkload(SitesWQLocal, testSites[:1], 2, service, time.Second)
+	_, err = newWQWorkload(SitesWQLocal, testSites[:1], 2, 1, service, time.Second)
 	require.Error(t, err)
-	_, err = newWQWorkload(SitesWQBalanced, testSites[:2], 2, service, time.Second)
+	_, err = newWQWorkload(SitesWQBalanced, testSites[:2], 2, 1, service, time.Second)
 	require.ErrorContains(t, err, "use more sites", "2 sites cannot absorb the busy one's double load")
-	_, err = newWQWorkload(SitesWQBalanced, testSites[:3], 2, service, time.Second)
+	_, err = newWQWorkload(SitesWQBalanced, testSites[:3], 2, 1, service, time.Second)
 	require.NoError(t, err)
 }
 
+// TestSitesWQWorkloadSeveralBusySites: --busy-sites 2 makes the second and
+// third sites busy; one busy site keeps the rates it always had, and more
+// busy sites never load all consumers past 80 % of their capacity.
+func TestSitesWQWorkloadSeveralBusySites(t *testing.T) {
+	service := 100 * time.Millisecond
+	five := append(slices.Clone(testSites), "mexico-city")
+	one, err := newWQWorkload(SitesWQBalanced, five, 2, 1, service, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []int{1}, one.BusySites())
+	require.InDelta(t, 20*(2+4*wqBalancedOtherLoad), one.Rates[1], 1e-9, "one busy site: 2 + (n−1)·other, as before")
+
+	two, err := newWQWorkload(SitesWQBalanced, five, 2, 2, service, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 2}, two.BusySites())
+	require.Equal(t, 1, two.Hot)
+	require.True(t, two.IsBusy(2))
+	require.False(t, two.IsBusy(0))
+	total := 0.0
+	for i, r := range two.Rates {
+		total += r
+		if two.IsBusy(i) {
+			require.Greater(t, r, 20.0, "a busy site gets more than its consumers can do")
+		} else {
+			require.InDelta(t, 20*wqBalancedOtherLoad, r, 1e-9)
+		}
+	}
+	require.InDelta(t, wqBalancedMultiUtilisation*two.Capacity(), total, 1e-9)
+	require.InDelta(t, two.Rates[1], two.Rates[2], 1e-9)
+
+	local, err := newWQWorkload(SitesWQLocal, five, 2, 2, service, time.Second)
+	require.NoError(t, err)
+	require.InDelta(t, 2*0.15*20, local.MustMove(), 1e-9, "each busy site 15 % above its capacity")
+
+	// An old results file names the busy site in hot_site only.
+	require.Equal(t, []int{3}, wqWorkload{Hot: 3}.BusySites())
+
+	for _, busy := range []int{0, 5} {
+		_, err := newWQWorkload(SitesWQBalanced, five, 2, busy, service, time.Second)
+		require.ErrorContains(t, err, "busy sites", busy)
+	}
+}
+
 func TestSitesWQArrivalsArePoissonAndReproducible(t *testing.T) {
-	w, err := newWQWorkload(SitesWQLocal, testSites, 2, 100*time.Millisecond, 60*time.Second)
+	w, err := newWQWorkload(SitesWQLocal, testSites, 2, 1, 100*time.Millisecond, 60*time.Second)
 	require.NoError(t, err)
 	a := w.Arrivals(7)
 	require.Equal(t, a, w.Arrivals(7), "same seed, same arrivals")
@@ -360,6 +402,8 @@ func TestSitesConfigValidation(t *testing.T) {
 		func(c *SitesConfig) { c.ProducerRate = 0 },
 		func(c *SitesConfig) { c.PhaseDuration = 0 },
 		func(c *SitesConfig) { c.ReconfigPeriod = 0 },
+		func(c *SitesConfig) { c.BusySites = 0 },
+		func(c *SitesConfig) { c.BusySites = len(c.Sites) },
 	} {
 		cc := c
 		bad(&cc)
@@ -435,7 +479,7 @@ func sitesFixture() *SitesResults {
 	if err != nil {
 		panic(err)
 	}
-	wq, err := newWQWorkload(SitesWQBalanced, append(slices.Clone(c.Sites), "montreal"), 2, 100*time.Millisecond, time.Second)
+	wq, err := newWQWorkload(SitesWQBalanced, append(slices.Clone(c.Sites), "montreal"), 2, 1, 100*time.Millisecond, time.Second)
 	if err != nil {
 		panic(err)
 	}

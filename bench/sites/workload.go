@@ -129,8 +129,11 @@ const wqGroup = "jobs"
 // and a fixed number of consumers per site.
 type wqWorkload struct {
 	Sites []string `json:"sites"`
-	// Hot is the busy site.
+	// Hot is the (first) busy site.
 	Hot int `json:"hot_site"`
+	// Busy are all the busy sites (--busy-sites), Hot first; results
+	// written before there could be more than one leave it out.
+	Busy []int `json:"busy_sites,omitempty"`
 	// Rates are the messages per second published at each site.
 	Rates []float64 `json:"msgs_per_s"`
 	// Consumers per site, each processing one message at a time.
@@ -158,25 +161,47 @@ const (
 	// capacity; the busy site 2 + (n−1)·other, so that what must leave it
 	// equals what is processed where it was published.
 	wqBalancedOtherLoad = 0.1
+	// With more than one busy site that rule would load all consumers
+	// together past wqMaxUtilisation on up to 5 sites; the busy sites then
+	// share what brings the total to wqBalancedMultiUtilisation.
+	wqBalancedMultiUtilisation = 0.8
 )
 
+// wqBalancedBusyLoad is the load factor of each of busy busy sites among
+// n in wq-balanced: 2 + (n−1)·other for one busy site (what must leave it
+// equals what is processed where it was published); for more, that rule
+// generalised, 2 + (n−busy)·other/busy, but at most what loads all
+// consumers together to wqBalancedMultiUtilisation.
+func wqBalancedBusyLoad(n, busy int) float64 {
+	quiet := float64(n-busy) * wqBalancedOtherLoad
+	f := 2 + quiet/float64(busy)
+	if busy == 1 {
+		return f
+	}
+	return math.Min(f, (wqBalancedMultiUtilisation*float64(n)-quiet)/float64(busy))
+}
+
 // newWQWorkload sizes a work-queue scenario for sites with consumers per
-// site.
-func newWQWorkload(scenario string, sites []string, consumers int, service, duration time.Duration) (wqWorkload, error) {
+// site, busy of them busy (from the second site on: busySites).
+func newWQWorkload(scenario string, sites []string, consumers, busy int, service, duration time.Duration) (wqWorkload, error) {
 	if len(sites) < 2 {
 		return wqWorkload{}, fmt.Errorf("%s needs at least 2 sites", scenario)
 	}
-	w := wqWorkload{Sites: slices.Clone(sites), Hot: busySite(len(sites)), Service: service, Duration: duration}
+	if busy < 1 || busy >= len(sites) {
+		return wqWorkload{}, fmt.Errorf("%s on %d sites: %d busy sites, want 1 to %d", scenario, len(sites), busy, len(sites)-1)
+	}
+	w := wqWorkload{Sites: slices.Clone(sites), Busy: busySites(len(sites), busy), Service: service, Duration: duration}
+	w.Hot = w.Busy[0]
 	capacity := float64(consumers) / service.Seconds()
 	for i := range sites {
 		var f float64
 		switch {
-		case scenario == SitesWQLocal && i == w.Hot:
+		case scenario == SitesWQLocal && w.IsBusy(i):
 			f = wqLocalHotLoad
 		case scenario == SitesWQLocal:
 			f = wqLocalOtherLoad
-		case scenario == SitesWQBalanced && i == w.Hot:
-			f = 2 + float64(len(sites)-1)*wqBalancedOtherLoad
+		case scenario == SitesWQBalanced && w.IsBusy(i):
+			f = wqBalancedBusyLoad(len(sites), busy)
 		case scenario == SitesWQBalanced:
 			f = wqBalancedOtherLoad
 		default:
@@ -199,6 +224,18 @@ func newWQWorkload(scenario string, sites []string, consumers int, service, dura
 // work-queue scenario may use: beyond it queues grow whatever the
 // architecture.
 const wqMaxUtilisation = 0.9
+
+// BusySites are the busy sites: Busy, or Hot alone in results written
+// before Busy.
+func (w wqWorkload) BusySites() []int {
+	if len(w.Busy) == 0 {
+		return []int{w.Hot}
+	}
+	return w.Busy
+}
+
+// IsBusy reports whether site i is one of the busy sites.
+func (w wqWorkload) IsBusy(i int) bool { return slices.Contains(w.BusySites(), i) }
 
 // Capacity is the messages per second all consumers together process.
 func (w wqWorkload) Capacity() float64 {
@@ -397,6 +434,17 @@ func newPSWorkload(scenario string, sites []string, seed uint64, phase time.Dura
 // is the cloud's central site and the star's hub, which would otherwise
 // start with most clients local.
 func busySite(n int) int { return 1 % n }
+
+// busySites are the count busy sites of a work-queue scenario on n sites:
+// busySite and the sites after it, so that the first (the cloud's) stays
+// quiet.
+func busySites(n, count int) []int {
+	out := make([]int, 0, count)
+	for i := range count {
+		out = append(out, (busySite(n)+i)%n)
+	}
+	return out
+}
 
 // Exchange returns exchange i's RabbitMQ name.
 func (w psWorkload) Exchange(i int) string { return bridge.ExchangeName(w.Topics[i] + "/#") }
