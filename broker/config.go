@@ -28,13 +28,13 @@ const MaxSessionMessagesLimit = 65535
 // client's queue (8 bytes a slot) when the client connects.
 const MaxPendingWritesLimit = 1 << 20
 
-// The read buffer of every client (ReadBufferBytes). Mochi's own
-// default is 2 KiB; 512 bytes saved 1.4 KiB of RSS per idle device at
-// 10 000 connections with no measurable change in throughput (5
-// interleaved rounds of luffy-bench throughput at 2048, 512 and 256; see
-// docs/operating.md).
+// The read buffer of every client (ReadBufferBytes), by default Mochi's
+// own 2 KiB. 512 bytes saved 1.4 KiB of RSS per idle device at 10 000
+// connections, but thesis-2 with SDK members (whose reports arrive in
+// extended PINGREQs) waited longer in 8 of 9 interleaved pairs of runs
+// (median 7.9 ms against 5.7); see docs/operating.md.
 const (
-	DefaultReadBufferBytes = 512
+	DefaultReadBufferBytes = 2048
 	MinReadBufferBytes     = 64
 	MaxReadBufferBytes     = 1 << 20
 )
