@@ -30,9 +30,8 @@ const MaxPendingWritesLimit = 1 << 20
 
 // The read buffer of every client (ReadBufferBytes), by default Mochi's
 // own 2 KiB. 512 bytes saved 1.4 KiB of RSS per idle device at 10 000
-// connections, but thesis-2 with SDK members (whose reports arrive in
-// extended PINGREQs) waited longer in 8 of 9 interleaved pairs of runs
-// (median 7.9 ms against 5.7); see docs/operating.md.
+// connections; whether it slows thesis-2's SDK members is not settled
+// (docs/operating.md), so the default is Mochi's.
 const (
 	DefaultReadBufferBytes = 2048
 	MinReadBufferBytes     = 64
