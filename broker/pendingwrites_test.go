@@ -34,12 +34,7 @@ func TestMaxPendingWritesReachesMochi(t *testing.T) {
 		require.Equal(t, tt.want, b.server.Options.Capabilities.MaximumClientWritesPending, tt.args)
 		require.NoError(t, b.Close())
 	}
-	for _, bad := range []string{"-1", "1048577"} {
-		_, err := ConfigFromArgs([]string{"--max-pending-writes", bad}, io.Discard, io.Discard)
-		require.Error(t, err, bad)
-		require.Contains(t, err.Error(), "max-pending-writes")
-		require.NotContains(t, err.Error(), "\n")
-	}
+	requireFlagRefused(t, "max-pending-writes", "-1", "1048577")
 }
 
 // TestReadBufferBytesReachesMochi checks that --read-buffer-bytes sizes
@@ -63,12 +58,7 @@ func TestReadBufferBytesReachesMochi(t *testing.T) {
 		require.Equal(t, tt.want, b.server.Options.ClientNetReadBufferSize, tt.args)
 		require.NoError(t, b.Close())
 	}
-	for _, bad := range []string{"-1", "63", "1048577"} {
-		_, err := ConfigFromArgs([]string{"--read-buffer-bytes", bad}, io.Discard, io.Discard)
-		require.Error(t, err, bad)
-		require.Contains(t, err.Error(), "read-buffer-bytes")
-		require.NotContains(t, err.Error(), "\n")
-	}
+	requireFlagRefused(t, "read-buffer-bytes", "-1", "63", "1048577")
 
 	b := startBroker(t, func(c *Config) { c.ReadBufferBytes = MinReadBufferBytes })
 	sub, _ := connectSession(t, b.MQTTAddr(), "small-buffer-sub")
@@ -121,10 +111,17 @@ func TestMaxSessionMessagesBoundsASession(t *testing.T) {
 	}
 	require.Equal(t, int64(5), atomic.LoadInt64(&b.server.Info.InflightDropped))
 
-	for _, bad := range []string{"-1", "65536"} {
-		_, err := ConfigFromArgs([]string{"--max-session-messages", bad}, io.Discard, io.Discard)
+	requireFlagRefused(t, "max-session-messages", "-1", "65536")
+}
+
+// requireFlagRefused checks that each value of --flag is refused with an
+// error that names the flag, in one line.
+func requireFlagRefused(t *testing.T, flag string, values ...string) {
+	t.Helper()
+	for _, bad := range values {
+		_, err := ConfigFromArgs([]string{"--" + flag, bad}, io.Discard, io.Discard)
 		require.Error(t, err, bad)
-		require.Contains(t, err.Error(), "max-session-messages")
-		require.NotContains(t, err.Error(), "\n")
+		require.Contains(t, err.Error(), flag, bad)
+		require.NotContains(t, err.Error(), "\n", bad)
 	}
 }
