@@ -167,8 +167,8 @@ const (
 	wqBalancedMultiUtilisation = 0.8
 )
 
-// wqBalancedBusyLoad is the load factor of each of busy busy sites among
-// n in wq-balanced: 2 + (n−1)·other for one busy site (what must leave it
+// wqBalancedBusyLoad is the load factor of each busy site in wq-balanced,
+// busy of the n sites being busy: 2 + (n−1)·other for one busy site (what must leave it
 // equals what is processed where it was published); for more, that rule
 // generalised, 2 + (n−busy)·other/busy, but at most what loads all
 // consumers together to wqBalancedMultiUtilisation.
