@@ -34,7 +34,10 @@ type SharedConfig struct {
 	AckInterval time.Duration
 	// Merge keeps the runs already in Out/results.json of every (scenario,
 	// subscriber kind) pair this invocation does not run.
-	Merge    bool
+	Merge bool
+	// Trace writes, for each live run, trace-<run>.csv in Out
+	// (writeDeliveryTrace) and logs the SDK members' load reports.
+	Trace    bool
 	Progress io.Writer
 }
 
@@ -52,6 +55,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	drain := fs.Duration("drain-timeout", 90*time.Second, "longest wait for every sent message to be dequeued after publishing ends")
 	merge := fs.Bool("merge", false, "keep the runs already in DIR/results.json of every (scenario, subscriber kind) this invocation does not run")
 	subscribers := fs.String("subscriber", KindSDK, "comma-separated subscriber kinds, each run against every system: "+strings.Join(SubscriberKinds, ", ")+", or all")
+	trace := fs.Bool("trace", false, "write trace-<scenario>-<kind>-<system>-r<N>.csv per live run in --out: each message's member, publish, receipt, start and end times; the members' client logs in logs/ then include the SDK's load reports (debug level)")
 	ackInterval := fs.Duration("paho-ack-interval", 0, "how often the paho subscriber kinds send the acknowledgements of processed QoS 1 messages (paho's SendAcksInterval; 0: paho's default, 50 ms)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -74,7 +78,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	return RunShared(ctx, SharedConfig{Scenarios: scenarios, Out: *out, Duration: *duration, Repeat: *repeat, Systems: sys,
-		Subscribers: kinds, LuffyMQ: *luffymq, DrainTimeout: *drain, AckInterval: *ackInterval, Merge: *merge, Progress: stdout})
+		Subscribers: kinds, LuffyMQ: *luffymq, DrainTimeout: *drain, AckInterval: *ackInterval, Merge: *merge, Trace: *trace, Progress: stdout})
 }
 
 // RunShared runs set-A scenarios with every subscriber kind against every
@@ -195,6 +199,9 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 	}
 	starter := harness.BrokerStarter{LuffyMQ: bin, Mosquitto: mosq, Self: self, LogDir: logDir, LiveOracle: startLiveOracleBroker}
 	opts := sharedOptions{brokers: starter, drainTimeout: cfg.DrainTimeout, logDir: logDir, ackInterval: cfg.AckInterval}
+	if cfg.Trace {
+		opts.traceDir = cfg.Out
+	}
 	began := time.Now()
 	doneEst := 0.0
 	var groupRuns []RunResult

@@ -179,6 +179,10 @@ type sharedOptions struct {
 	// ackInterval is paho's SendAcksInterval for the paho kinds at QoS 1
 	// (0: paho's default).
 	ackInterval time.Duration
+	// traceDir, when set, receives trace-<run>.csv of every live run, and
+	// the client logs are written at debug level (the SDK logs each load
+	// report it sends).
+	traceDir string
 }
 
 // liveRun is the shared state of one live run: the clock, the deliveries
@@ -364,7 +368,11 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 		return RunResult{}, fmt.Errorf("client log: %w", err)
 	}
 	defer logFile.Close()
-	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	logLevel := slog.LevelInfo
+	if o.traceDir != "" {
+		logLevel = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: logLevel}))
 
 	br, err := o.brokers.Start(ctx, system, s.ReportInterval, logName)
 	if err != nil {
@@ -625,6 +633,11 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 	lr.mu.Unlock()
 
 	r := buildResult(s, kind, system, repeat, trace, sent, seed, all)
+	if o.traceDir != "" {
+		if err := writeDeliveryTrace(filepath.Join(o.traceDir, "trace-"+logName+".csv"), s, all); err != nil {
+			return RunResult{}, err
+		}
+	}
 	for i := range r.PerSub {
 		r.PerSub[i].ReportVia = stats[i].ReportVia
 		r.PerSub[i].ReportsSent = stats[i].ReportsSent
