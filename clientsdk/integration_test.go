@@ -317,10 +317,12 @@ func TestFullQueuePushesBackWithoutDropping(t *testing.T) {
 	pub := startPublisher(t, b.MQTTAddr())
 	publish(t, pub, "t/1", 20, clientsdk.PublishOptions{})
 
-	require.Eventually(t, func() bool { return s.Stats().Pending == 2 }, 3*time.Second, poll)
-	// One in the handler, two pending, at most a few more in paho's own
-	// receive buffer (sized by the same Receive Maximum) and one blocked
-	// hand-over: reading has stopped.
+	// Pending: two in the queue and the one whose hand-over blocks (it is
+	// received and waits like them).
+	require.Eventually(t, func() bool { return s.Stats().Pending == 3 }, 3*time.Second, poll)
+	// One in the handler, three pending, at most a few more in paho's own
+	// receive buffer (sized by the same Receive Maximum): reading has
+	// stopped.
 	require.Never(t, func() bool { return s.Stats().Received > 6 }, 300*time.Millisecond, poll)
 
 	close(release)

@@ -238,14 +238,18 @@ func (r *LoadReporter) Received() {
 // time to pass to Done. The message leaves the pending count (unless
 // LoadReporterConfig.Pending counts pending messages) and counts as in
 // progress until Done.
+//
+// The message counts as in progress before it leaves the pending count, so
+// that a report written in between sees it twice rather than not at all
+// (which would tell the broker this client is idle).
 func (r *LoadReporter) Start() time.Time {
+	start := r.begin()
 	for { // take one pending message, if any (Start without Received takes none)
 		n := r.pendingCount.Load()
 		if n <= 0 || r.pendingCount.CompareAndSwap(n, n-1) {
 			break
 		}
 	}
-	start := r.begin()
 	r.pinger.notePending(r.pending())
 	return start
 }
@@ -317,14 +321,18 @@ func (r *LoadReporter) pending() int {
 }
 
 // loadSignal implements reportSource.
+// The pending count is read before the messages in progress: a message
+// becomes in progress before it stops being pending, so in this order it
+// is seen at least once.
 func (r *LoadReporter) loadSignal() loadSignal {
+	pending := r.pending()
 	finished, running, known := r.load.signal()
-	return loadSignal{pending: r.pending(), inProgress: running, received: r.receivedOnConn.Load(), finishedSinceReport: finished, meanKnown: known}
+	return loadSignal{pending: pending, inProgress: running, received: r.receivedOnConn.Load(), finishedSinceReport: finished, meanKnown: known}
 }
 
 // takeReport implements reportSource.
 func (r *LoadReporter) takeReport(now time.Time) report.Report {
-	pending := r.pending()
+	pending := r.pending() // before the messages in progress (see loadSignal)
 	snap := r.load.take(now, pending)
 	return report.Report{
 		Pending:        pending,

@@ -46,7 +46,13 @@ type Subscriber struct {
 	groups []*subscriberGroup
 	topics []string // every group's $share/<group>/<filter>
 
-	queue    chan *delivery
+	queue chan *delivery
+	// waiting counts the messages received and not yet begun: from before
+	// they enter queue until their first handler call has begun (or they
+	// are discarded). A message is thus always waiting or in progress,
+	// never neither, so a load report cannot show an idle member while a
+	// worker is between taking a message and starting it.
+	waiting  atomic.Int64
 	reporter *LoadReporter
 	pinger   *reportPinger // reporter's
 
@@ -112,8 +118,8 @@ type delivery struct {
 
 // Stats is a snapshot of a Subscriber's counters.
 type Stats struct {
-	// Pending is the number of messages received but not yet taken by a
-	// worker.
+	// Pending is the number of messages received and not yet started by a
+	// worker (one whose hand-over to a full queue blocks counts too).
 	Pending int
 	// InFlight is the number of handlers running now.
 	InFlight int
@@ -179,7 +185,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	}
 	s.reporter, err = NewLoadReporter(LoadReporterConfig{
 		Workers:        cfg.Workers,
-		Pending:        func() int { return len(s.queue) },
+		Pending:        s.pendingCount,
 		ReportVia:      cfg.ReportVia,
 		ReportInterval: cfg.ReportInterval,
 		Logger:         s.log,
@@ -361,7 +367,7 @@ drain:
 	for {
 		select {
 		case d := <-s.queue:
-			s.discard(d)
+			s.discardWaiting(d)
 			unprocessed++
 		default:
 			break drain
@@ -412,11 +418,22 @@ func (s *Subscriber) discard(d *delivery) {
 	}
 }
 
+// discardWaiting is discard for a message that was waiting (never begun).
+func (s *Subscriber) discardWaiting(d *delivery) {
+	s.waiting.Add(-1)
+	s.discard(d)
+}
+
+// pendingCount is the pending count of load reports: the messages waiting.
+func (s *Subscriber) pendingCount() int {
+	return int(max(s.waiting.Load(), 0))
+}
+
 // Stats returns a snapshot of the Subscriber's counters.
 func (s *Subscriber) Stats() Stats {
 	mean, inFlight := s.reporter.load.meanProcessingTime()
 	return Stats{
-		Pending:            len(s.queue),
+		Pending:            s.pendingCount(),
 		InFlight:           inFlight,
 		Received:           s.received.Load(),
 		Processed:          s.processed.Load(),

@@ -31,6 +31,7 @@ func (s *Subscriber) onPublish(pr paho.PublishReceived) (bool, error) {
 		return true, nil
 	default:
 	}
+	s.waiting.Add(1) // before a worker can take it
 	select {
 	case s.queue <- d:
 	default:
@@ -41,11 +42,11 @@ func (s *Subscriber) onPublish(pr paho.PublishReceived) (bool, error) {
 			s.pinger.resumeReading()
 		case <-s.intake:
 			s.pinger.resumeReading()
-			s.discard(d)
+			s.discardWaiting(d)
 			return true, nil
 		}
 	}
-	s.pinger.notePending(len(s.queue))
+	s.pinger.notePending(s.pendingCount())
 	return true, nil
 }
 
@@ -94,7 +95,6 @@ func (s *Subscriber) work() {
 	for {
 		select {
 		case d := <-s.queue:
-			s.pinger.notePending(len(s.queue))
 			s.process(d)
 		case <-s.drain:
 			for s.runCtx.Err() == nil {
@@ -114,6 +114,7 @@ func (s *Subscriber) work() {
 
 // process runs the handler on one message with retries, then acknowledges
 // it or dead-letters it.
+// The message stops waiting once its first handler call has begun.
 func (s *Subscriber) process(d *delivery) {
 	var (
 		firstFailure time.Time
@@ -122,12 +123,19 @@ func (s *Subscriber) process(d *delivery) {
 	)
 	for attempts < s.cfg.MaxAttempts {
 		if s.runCtx.Err() != nil {
-			s.discard(d)
+			if attempts == 0 {
+				s.discardWaiting(d)
+			} else {
+				s.discard(d)
+			}
 			return
 		}
 		attempts++
 		d.msg.Attempt = attempts
 		start := s.reporter.begin()
+		if attempts == 1 {
+			s.pinger.notePending(int(max(s.waiting.Add(-1), 0)))
+		}
 		err := s.callHandler(d.group.Handler, d.msg)
 		end := time.Now()
 		s.reporter.finish(start, end)
