@@ -492,11 +492,23 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 // applyReport folds a load report (already bounded) into both the thesis
 // and the adaptive state.
 func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
+	if l.Workers > 0 {
+		m.workers = l.Workers
+	}
+	reported := l.ProcessingTime // the thesis keeps it as reported
 	if l.Processed == 0 && l.ProcessingTime > 0 {
 		// A thesis-format report does not say how many messages its mean
 		// covers: what was queued at the last report and sent since, less
 		// what is queued now, were finished (or are running).
 		l.Processed = max(1, m.reportedPending+m.sentSinceReport-l.Pending)
+		// Nor how it timed them. Finished for sure are those, less what
+		// may be running (one per worker) or still on the wire: what they
+		// allow caps the processing time (throughputBound). A report
+		// with the SDK's keys is the SDK's own measure of its handlers.
+		finished := l.Processed - m.workers - m.recent.after(now-l.WrittenAgo-wireSlack)
+		if bound, ok := m.throughputBound(now, finished); ok && l.ProcessingTime > bound {
+			l.ProcessingTime = bound
+		}
 	}
 	// A report of a message running, none finished since the previous
 	// report that also said one was running, shows that message has run
@@ -512,7 +524,7 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 		m.runningSince, m.overdueMeasured = now, false // started by now
 	}
 	// Thesis bookkeeping, exactly as §1.3.
-	m.thesisWindow.push(l.ProcessingTime)
+	m.thesisWindow.push(reported)
 	m.reportedPending = l.Pending
 	m.reportedBusy = l.Pending > 0 || l.InProgress > 0
 	if l.HasReceived && !m.reportedBusy {
@@ -524,9 +536,6 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 
 	// Adaptive: a zero processing time means "nothing finished", not
 	// "instant", so it never overwrites a known estimate.
-	if l.Workers > 0 {
-		m.workers = l.Workers
-	}
 	if l.ProcessingTime > 0 {
 		// A mean over many messages outweighs one over a single message:
 		// the first measurement alone is noisy, and between two reports
@@ -585,6 +594,45 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 		}
 	}
 }
+
+// throughputBound is the longest mean processing time a member can have
+// had for the messages it finished since its previous report, for the
+// adaptive estimate. Those messages ran on its workers within the time
+// since then, but those running at that report (one per worker) had
+// started before it; each of them is allowed carriedServices mean
+// processing times in all. So for k finished on w workers in elapsed:
+// k·mean ≤ w·elapsed + w·carriedServices·mean.
+//
+// A client that times a message from its arrival, its wait in its own
+// queue included, reports more than this bound; without it, the broker
+// would take every queue such a member builds for slowness and move work
+// to members already busier. A client that measures its work reports
+// less, and this changes nothing for it. ok is false when too few
+// messages finished for a bound. The time since the previous report is
+// measured at the broker, between arrivals: reportGapSlack covers their
+// jitter.
+func (m *member) throughputBound(now time.Duration, finished int) (bound time.Duration, ok bool) {
+	w := max(m.workers, 1)
+	beyond := finished - carriedServices*w
+	if beyond < minFinishedForBound {
+		return 0, false
+	}
+	return time.Duration(int64(w) * int64(now-m.lastReport+reportGapSlack) / int64(beyond)), true
+}
+
+const (
+	// carriedServices is how many mean processing times a message running
+	// at a report may take in all, for the throughput bound: more than 3×
+	// the mean is 5 % of exponential work.
+	carriedServices = 3
+	// minFinishedForBound is how many messages must have finished beyond
+	// that allowance for a bound.
+	minFinishedForBound = 2
+	reportGapSlack      = 10 * time.Millisecond
+	// wireSlack widens the window of sends taken as still on the wire
+	// when a thesis-format report was written.
+	wireSlack = 2 * time.Millisecond
+)
 
 // A reporter's message is overdue (applyReport) once its reports show it
 // running longer than reportedOverdueFactor service estimates plus
