@@ -272,7 +272,7 @@ func RunShared(ctx context.Context, cfg SharedConfig) error {
 func sharedNotes() []string {
 	return []string{
 		"Subscriber kinds (column/section *subscribers*): sdk = " + kindDescription(KindSDK) + "; thesis-reporter = " + kindDescription(KindThesisReporter) +
-			"; timer-reporter = " + kindDescription(KindTimerReporter) + "; paho-qos1-ackafter = " + kindDescription(KindPahoQoS1AckAfter) + ".",
+			"; timer-reporter = " + kindDescription(KindTimerReporter) + "; receipt-reporter = " + kindDescription(KindReceiptReporter) + "; paho-qos1-ackafter = " + kindDescription(KindPahoQoS1AckAfter) + ".",
 		"Every member, of every kind, has one FIFO and one worker with the same drift-free service emulation. A broker that closes the connection on an extended PINGREQ makes the SDK reconnect and publish its reports to $luffy/load instead (ordinary messages nobody subscribes to on Mosquitto and Mochi); a paho member does not reconnect. Each run's notes say what happened.",
 		"luffymq runs as a separate process (the real binary); Mosquitto runs as a separate process with set_tcp_nodelay true; vanilla Mochi runs as a separate process (`luffy-bench " + harness.MochiServerCommand + "`) with default options.",
 		OracleName + ": replays the exact arrival trace, always giving a message to the member that can start it soonest, knowing every member's exact busy-until time, with zero network delay (the same at QoS 1). A strong reference, not a proven lower bound; its row is computed once per subscriber kind.",

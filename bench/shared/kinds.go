@@ -18,6 +18,10 @@ const (
 	// KindTimerReporter is the same client reporting on the timer only, as
 	// the thesis's Java client did.
 	KindTimerReporter = "timer-reporter"
+	// KindReceiptReporter is KindThesisReporter timing each message from
+	// its receipt to its end, its wait in the client's own FIFO included,
+	// as a client written from the paper may.
+	KindReceiptReporter = "receipt-reporter"
 	// KindPahoQoS1AckAfter is a plain paho.golang client at QoS 1 that
 	// acknowledges each message after processing it and sends no load
 	// reports at all (plain PINGREQs).
@@ -25,7 +29,13 @@ const (
 )
 
 // SubscriberKinds lists every subscriber kind in report order.
-var SubscriberKinds = []string{KindSDK, KindThesisReporter, KindTimerReporter, KindPahoQoS1AckAfter}
+var SubscriberKinds = []string{KindSDK, KindThesisReporter, KindTimerReporter, KindReceiptReporter, KindPahoQoS1AckAfter}
+
+// sendsThesisReports says whether members of kind send thesis-format load
+// reports (the two keys only, every report interval).
+func sendsThesisReports(kind string) bool {
+	return kind == KindThesisReporter || kind == KindTimerReporter || kind == KindReceiptReporter
+}
 
 // ParseSubscriberKinds turns a comma-separated list ("all" means every
 // kind; empty means sdk) into kinds in report order, without duplicates.
@@ -99,6 +109,8 @@ func kindDescription(kind string) string {
 		return "plain paho.golang clients with their own FIFO and one worker, sending extended PINGREQs with only msgsInQueue and processingTimePerMsg every report interval and once right after the first processed message"
 	case KindTimerReporter:
 		return "plain paho.golang clients with their own FIFO and one worker, sending extended PINGREQs with only msgsInQueue and processingTimePerMsg every report interval (timer only, as the thesis's Java client)"
+	case KindReceiptReporter:
+		return "thesis-reporter clients whose processingTimePerMsg is timed from each message's receipt to its end, their own FIFO's wait included"
 	case KindPahoQoS1AckAfter:
 		return "plain paho.golang clients at QoS 1 (subscription and publisher) with manual acknowledgement after processing and no load reports (plain PINGREQs): the broker can learn only from the acknowledgements"
 	}

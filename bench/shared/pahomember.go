@@ -74,6 +74,8 @@ func newPahoMember(cfg pahoMemberConfig) (*pahoMember, error) {
 		m.pinger = newThesisPinger(m.takeReport, true)
 	case KindTimerReporter:
 		m.pinger = newThesisPinger(m.takeReport, false)
+	case KindReceiptReporter:
+		m.pinger = newThesisPinger(m.takeReport, true)
 	case KindPahoQoS1AckAfter:
 	default:
 		return nil, fmt.Errorf("subscriber kind %q is not a paho kind", cfg.Kind)
@@ -95,6 +97,16 @@ func (m *pahoMember) takeReport() report.Report {
 	}
 	m.procSum, m.procN = 0, 0
 	return r
+}
+
+// processingTime is what the member reports as the processing time of a
+// message that took service, was received at receivedAt and ended at end:
+// its service, or for receipt-reporter the time since its receipt.
+func (m *pahoMember) processingTime(service time.Duration, receivedAt, end time.Time) time.Duration {
+	if m.cfg.Kind == KindReceiptReporter {
+		return end.Sub(receivedAt)
+	}
+	return service
 }
 
 // finished books a processed message.
@@ -131,7 +143,7 @@ func (m *pahoMember) work() {
 				m.inService.Store(false)
 				return
 			}
-			m.finished(d)
+			m.finished(m.processingTime(d, q.at, time.Now()))
 			if q.pub.QoS > 0 {
 				// Acknowledged only now that it is processed (paho sends
 				// acknowledgements in arrival order, every SendAcksInterval).

@@ -63,6 +63,13 @@ func TestPahoMemberThesisReport(t *testing.T) {
 	}
 }
 
+func TestPahoMemberProcessingTimeByKind(t *testing.T) {
+	received := time.Now()
+	end := received.Add(40 * time.Millisecond) // 15 ms queued, 25 ms of work
+	require.Equal(t, 25*time.Millisecond, newTestPahoMember(t, KindThesisReporter).processingTime(25*time.Millisecond, received, end))
+	require.Equal(t, 40*time.Millisecond, newTestPahoMember(t, KindReceiptReporter).processingTime(25*time.Millisecond, received, end), "from receipt")
+}
+
 func TestNewPahoMemberPingerByKind(t *testing.T) {
 	tests := []struct {
 		kind        string
@@ -71,6 +78,7 @@ func TestNewPahoMemberPingerByKind(t *testing.T) {
 	}{
 		{KindThesisReporter, true, true},
 		{KindTimerReporter, true, false},
+		{KindReceiptReporter, true, true},
 		{KindPahoQoS1AckAfter, false, false},
 	}
 	for _, tt := range tests {

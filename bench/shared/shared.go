@@ -650,7 +650,7 @@ func runLive(ctx context.Context, s Scenario, kind, system string, repeat int, s
 	if timedOut {
 		lr.note("drain timed out after %s with %d messages not dequeued", o.drainTimeout, r.Lost)
 	}
-	reports := kind == KindSDK || kind == KindThesisReporter || kind == KindTimerReporter
+	reports := kind == KindSDK || sendsThesisReports(kind)
 	if reports && len(via) == 0 && len(lost) == 0 && (system == harness.SystemMosquitto || system == harness.SystemMochi) {
 		lr.note("%s accepted the extended PINGREQs (PINGRESP, no disconnection) and ignored the reports", system)
 	}

@@ -692,7 +692,7 @@ func fleetGoals(byScenario map[string]map[string][]aggregate) []harness.Goal {
 			m := ad.Overall.Mean
 			if lo := findAgg(aggs, harness.SystemLiveOracle); lo != nil {
 				bound := 1.3
-				if kind == KindThesisReporter || kind == KindTimerReporter {
+				if sendsThesisReports(kind) {
 					bound = 2 // reports every 1 s
 				}
 				r := harness.Ratio(m, lo.Overall.Mean)
@@ -705,7 +705,7 @@ func fleetGoals(byScenario map[string]map[string][]aggregate) []harness.Goal {
 				// message's size, which no broker does (issue 23's
 				// "show the bound").
 				bound := 1.3
-				if kind == KindThesisReporter || kind == KindTimerReporter {
+				if sendsThesisReports(kind) {
 					bound = 2
 				}
 				r := harness.Ratio(m, lo.Overall.Mean)
