@@ -69,7 +69,7 @@ fuzz:
 ##   reliability and connections (10 000 idle connections, idling 90 s after their commands, 3 runs, medians)
 BENCH_OUT     ?= bench/results
 BENCH_SYSTEMS ?= adaptive,adaptive-hold,thesis,jsq,power-of-two,round-robin,mosquitto,live-oracle,oracle
-BENCH_KINDS   ?= thesis-reporter,timer-reporter,paho-qos1-ackafter
+BENCH_KINDS   ?= thesis-reporter,timer-reporter,receipt-reporter,paho-qos1-ackafter
 BENCH_RUN      = ./$(BIN)/luffy-bench shared --luffymq $(BIN)/luffymq --out $(BENCH_OUT)
 bench:
 	$(GO) build -o $(BIN)/ ./cmd/luffymq ./cmd/luffy-bench

@@ -46,7 +46,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("luffy-bench shared", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var scenarios harness.StringList
-	fs.Var(&scenarios, "scenario", "scenario ID, repeatable: thesis-1, thesis-2, thesis-2-qos1, step, join, poisson, crash, or all")
+	fs.Var(&scenarios, "scenario", "scenario ID, repeatable: thesis-1, thesis-2, thesis-2-qos1, step, join, poisson, crash, the uneven fleets fleet-{6,20,100}-rho{70,85,95}, fleet-{6,20,100}-rho85-{exp,uniform20} and fleet-20-rho85-churn, or all")
 	out := fs.String("out", "", "output directory (required)")
 	duration := fs.Duration("duration", 0, "publishing time of every scenario (default: the scenario's own)")
 	repeat := fs.Int("repeat", 1, "runs of each scenario on each system")
