@@ -46,24 +46,13 @@ func TestSubscriberNeverLooksIdleWithAMessageInHand(t *testing.T) {
 	}()
 
 	var enqueued atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // the network: one message at a time, as a worker catches up
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			_, _ = s.onPublish(paho.PublishReceived{Packet: &paho.Publish{Topic: "t", QoS: 0}})
-			enqueued.Add(1)
-			for entered.Load() < enqueued.Load()-1 {
-				runtime.Gosched() // keep at most one message queued behind the one running
-			}
+	stop := repeatUntilStopped(func() { // the network: one message at a time, as a worker catches up
+		_, _ = s.onPublish(paho.PublishReceived{Packet: &paho.Publish{Topic: "t", QoS: 0}})
+		enqueued.Add(1)
+		for entered.Load() < enqueued.Load()-1 {
+			runtime.Gosched() // keep at most one message queued behind the one running
 		}
-	}()
+	})
 
 	deadline := time.Now().Add(time.Second)
 	idleSeen, falseIdle := 0, 0
@@ -78,8 +67,7 @@ func TestSubscriberNeverLooksIdleWithAMessageInHand(t *testing.T) {
 			falseIdle++
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	t.Logf("%d messages, %d idle signals, %d with a message in hand", enqueued.Load(), idleSeen, falseIdle)
 	require.Positive(t, enqueued.Load())
 	require.Zero(t, falseIdle, "the load signal said idle while a message was taken and not started")
@@ -91,24 +79,13 @@ func TestLoadReporterStartNeverLooksIdle(t *testing.T) {
 	r, err := NewLoadReporter(LoadReporterConfig{})
 	require.NoError(t, err)
 	var started, received atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			r.Received()
-			received.Add(1)
-			start := r.Start()
-			started.Add(1)
-			r.Done(start, nil)
-		}
-	}()
+	stop := repeatUntilStopped(func() {
+		r.Received()
+		received.Add(1)
+		start := r.Start()
+		started.Add(1)
+		r.Done(start, nil)
+	})
 	deadline := time.Now().Add(500 * time.Millisecond)
 	falseIdle := 0
 	for time.Now().Before(deadline) {
@@ -118,8 +95,30 @@ func TestLoadReporterStartNeverLooksIdle(t *testing.T) {
 			falseIdle++
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	require.Positive(t, received.Load())
 	require.Zero(t, falseIdle, "the load signal said idle between Received and the end of Start")
+}
+
+// repeatUntilStopped runs step over and over on a goroutine of its own
+// until the returned stop is called; stop returns once step has.
+func repeatUntilStopped(step func()) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			step()
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
 }

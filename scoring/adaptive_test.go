@@ -1009,42 +1009,34 @@ func TestAdaptiveSampledGroupFindsTheMemberThatJustFreedUp(t *testing.T) {
 // processing can have taken, and the adaptive estimate keeps to that
 // bound; the thesis's t_p keeps what was reported.
 func TestAdaptiveCapsProcessingTimeByThroughput(t *testing.T) {
-	f := newFixture(t, adaptive, "w")
-	f.report("w", scoring.Load{ProcessingTime: ms(25)})
-	for range 40 { // 40 messages in 1 s: 25 ms each at most
-		require.Equal(t, "w", f.sel())
-		f.advance(ms(25))
+	// between reports sends n messages to the only member, gap apart,
+	// between a report of first and one of then.
+	between := func(first time.Duration, n int, gap, then time.Duration) scoring.MemberSnapshot {
+		f := newFixture(t, adaptive, "w")
+		f.report("w", scoring.Load{ProcessingTime: first})
+		for range n {
+			require.Equal(t, "w", f.sel())
+			f.advance(gap)
+		}
+		f.report("w", scoring.Load{ProcessingTime: then})
+		return f.member("w")
 	}
-	f.report("w", scoring.Load{Pending: 0, ProcessingTime: ms(45)}) // 25 of work, 20 of queueing
-	m := f.member("w")
+	// 40 messages in 1 s: 25 ms each at most; it reports 25 of work and
+	// 20 of queueing.
+	m := between(ms(25), 40, ms(25), ms(45))
 	require.Equal(t, ms(35), m.ProcessingTime, "t_p: the mean of what was reported")
 	// 40 sent, nothing pending: at least 39 finished (one may run), of
 	// which 3 may have started before the previous report: (1 s + 10 ms)
-	// / 36.
-	// The estimate weighs the reports by the messages they cover: 1 and
-	// 40 (44.5 ms uncapped).
+	// / 36. The estimate weighs the reports by the messages they cover: 1
+	// and 40 (44.5 ms uncapped).
 	bound := (time.Second + ms(10)) / 36
 	require.InDelta(t, float64((ms(25)+40*bound)/41), float64(m.ServiceEstimate), float64(time.Microsecond))
 
 	// A member that reports what it measured is not touched: 20 of 40 ms
 	// messages fit the same second.
-	g := newFixture(t, adaptive, "v")
-	g.report("v", scoring.Load{ProcessingTime: ms(40)})
-	for range 20 {
-		require.Equal(t, "v", g.sel())
-		g.advance(ms(50))
-	}
-	g.report("v", scoring.Load{ProcessingTime: ms(40)})
-	require.Equal(t, ms(40), g.member("v").ServiceEstimate)
+	require.Equal(t, ms(40), between(ms(40), 20, ms(50), ms(40)).ServiceEstimate)
 
 	// Nor is one whose report covers too few messages for a bound: a
 	// long message started before its previous report.
-	h := newFixture(t, adaptive, "x")
-	h.report("x", scoring.Load{ProcessingTime: ms(40)})
-	for range 4 {
-		require.Equal(t, "x", h.sel())
-	}
-	h.advance(ms(60))
-	h.report("x", scoring.Load{ProcessingTime: ms(200)})
-	require.Equal(t, ms(168), h.member("x").ServiceEstimate, "(40×1 + 200×4) / 5, weighed by the messages each covers")
+	require.Equal(t, ms(168), between(ms(40), 4, ms(15), ms(200)).ServiceEstimate, "(40×1 + 200×4) / 5, weighed by the messages each covers")
 }
