@@ -124,8 +124,15 @@ type Node struct {
 	amqpPort, mgmtPort, distPort int
 	dir                          string
 	marker                       string // markerEnv's value in its processes
+	// logFrom is the main log's size when the node was last started:
+	// logErrors reads from there, so a restart's errors are not hidden
+	// behind those of an earlier run (the log is appended to).
+	logFrom int64
+	// reserved holds the sockets that keep the node's ports while it is
+	// down (between KillNode or StopNode and RestartNode's end).
+	reserved []int
 
-	mu     sync.Mutex // guards cmd, exited and closedLog
+	mu     sync.Mutex // guards cmd, exited, closedLog and reserved
 	cmd    *exec.Cmd
 	exited chan struct{}
 	// closedLog is the log tail kept when Close removed the node's
@@ -317,6 +324,10 @@ collect_statistics_interval = 1000
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
 	defer out.Close()
+	n.logFrom = 0
+	if st, err := os.Stat(n.mainLogPath()); err == nil {
+		n.logFrom = st.Size()
+	}
 
 	cmd := exec.Command(ServerPath)
 	cmd.Dir = n.dir
@@ -415,12 +426,19 @@ func (n *Node) ManagementURL() string {
 // port taken between freePort and the node's bind is the usual cause.
 var errExitedDuringStart = errors.New("exited during start")
 
-// logErrors returns the lines of the node's logs (main log and stdout)
-// that report an error, at most max bytes of the first ones.
+// mainLogPath is the node's RabbitMQ log file.
+func (n *Node) mainLogPath() string { return filepath.Join(n.dir, "log", n.Name+".log") }
+
+// logErrors returns the lines of the node's logs (main log since its last
+// start, and stdout) that report an error, at most max bytes of the first
+// ones.
 func (n *Node) logErrors(max int) string {
 	var b strings.Builder
-	for _, f := range []string{filepath.Join(n.dir, "log", n.Name+".log"), filepath.Join(n.dir, "stdout.log")} {
+	for i, f := range []string{n.mainLogPath(), filepath.Join(n.dir, "stdout.log")} {
 		data, _ := os.ReadFile(f)
+		if i == 0 && int64(len(data)) >= n.logFrom {
+			data = data[n.logFrom:]
+		}
 		for _, line := range strings.Split(string(data), "\n") {
 			l := strings.ToLower(line)
 			if (strings.Contains(l, "[error]") || strings.Contains(l, "eaddrinuse") || strings.Contains(l, "error:") || strings.Contains(l, "failed")) && b.Len() < max {
@@ -438,7 +456,7 @@ const keptLogTail = 8000
 // LogTail returns the last max bytes of the node's main log (after Close,
 // of what Close kept).
 func (n *Node) LogTail(max int) string {
-	data, err := os.ReadFile(filepath.Join(n.dir, "log", n.Name+".log"))
+	data, err := os.ReadFile(n.mainLogPath())
 	if err != nil {
 		data, err = os.ReadFile(filepath.Join(n.dir, "stdout.log"))
 	}
@@ -474,6 +492,7 @@ func (h *Harness) Close() error {
 		if cmd != nil && cmd.Process != nil {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		}
+		n.releasePorts()
 	}
 	for _, n := range h.nodes {
 		if _, exited := n.process(); exited != nil {

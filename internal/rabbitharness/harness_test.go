@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -208,9 +210,16 @@ func TestKillRestartNode(t *testing.T) {
 	_, err = amqpHandshake(h.Node("tunis").AMQPAddr())
 	require.NoError(t, err, "killing berlin took tunis with it")
 	require.Error(t, h.KillNode("nowhere"))
+	// While it is down, its ports are kept from others.
+	for _, port := range []int{berlin.amqpPort, berlin.mgmtPort, berlin.distPort} {
+		require.Error(t, bindPlain(port), "port %d of the killed node was free to take", port)
+	}
 
 	require.NoError(t, h.RestartNode(context.Background(), "berlin"))
 	require.Error(t, h.RestartNode(context.Background(), "berlin"), "a running node restarted")
+	berlin.mu.Lock()
+	require.Empty(t, berlin.reserved, "the restarted node's ports are still reserved")
+	berlin.mu.Unlock()
 	conn2, err := amqp.Dial(berlin.AMQPURL())
 	require.NoError(t, err)
 	defer conn2.Close()
@@ -244,6 +253,43 @@ func TestKillRestartNode(t *testing.T) {
 	require.Empty(t, markedPIDs(func(v string) bool { return strings.HasPrefix(v, h.marker) }), "a process survived Close after a restart and a kill")
 	require.NoDirExists(t, h.dir)
 	require.Contains(t, h.Node("tunis").LogTail(keptLogTail), "Server startup complete", "Close keeps the log tails for a failure reported after it")
+}
+
+// TestReservePort: a reserved port is refused to a bind without
+// SO_REUSEADDR, as to a second one, and open to a listener that sets it
+// (Go's do, as the Erlang VM's do), which then works.
+func TestReservePort(t *testing.T) {
+	port, err := freePort()
+	require.NoError(t, err)
+	fd, err := reservePort(port)
+	require.NoError(t, err)
+	require.Error(t, bindPlain(port))
+	fd2, err := reservePort(port)
+	require.NoError(t, err, "SO_REUSEADDR on both, neither listening: Linux allows it")
+	require.NoError(t, syscall.Close(fd2))
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	require.NoError(t, err, "a listener with SO_REUSEADDR could not bind the reserved port")
+	defer l.Close()
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			_ = c.Close()
+		}
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	_ = c.Close()
+	require.NoError(t, syscall.Close(fd))
+}
+
+// bindPlain binds a socket without SO_REUSEADDR to 127.0.0.1:port and
+// closes it.
+func bindPlain(port int) error {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(fd)
+	return syscall.Bind(fd, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}})
 }
 
 // amqpChannel opens a channel to url, closed with its connection when t

@@ -43,7 +43,10 @@ func (h *Harness) KillNode(site string) error {
 		return fmt.Errorf("rabbitharness: node %s was never started", n.Name)
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	return n.waitGone(exited, 10*time.Second)
+	if err := n.waitGone(exited, 10*time.Second); err != nil {
+		return err
+	}
+	return n.reservePorts()
 }
 
 // StopNode stops site's node cleanly (SIGTERM: RabbitMQ closes its
@@ -67,7 +70,72 @@ func (h *Harness) StopNode(site string, timeout time.Duration) error {
 	case <-time.After(timeout):
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
-	return n.waitGone(exited, 10*time.Second)
+	if err := n.waitGone(exited, 10*time.Second); err != nil {
+		return err
+	}
+	return n.reservePorts()
+}
+
+// reservePorts keeps the stopped node's ports (AMQP, management,
+// distribution) from anyone else until RestartNode: while the node is down
+// they are free, and any process on the machine could take one, as a
+// listener on port 0 or as the local port of an outgoing connection (the
+// node's ports lie in the ephemeral range). One CI run's restart failed
+// so: the node booted, could not bind a port and stopped itself. Other
+// sites' federation upstreams hold the node's AMQP URI, so it must come
+// back on the same ports.
+//
+// Each port is held by a socket bound to 127.0.0.1 with SO_REUSEADDR and
+// never listening. Linux then refuses the port to a bind that does not set
+// SO_REUSEADDR, to a bind on port 0, and to connect's choice of a local
+// port, but lets a listener that sets SO_REUSEADDR bind it, as RabbitMQ's
+// listeners and the Erlang distribution do: the node can start while the
+// reservation holds, so no gap is left between release and bind.
+func (n *Node) reservePorts() error {
+	var fds []int
+	for _, port := range []int{n.amqpPort, n.mgmtPort, n.distPort} {
+		fd, err := reservePort(port)
+		if err != nil {
+			for _, f := range fds {
+				_ = syscall.Close(f)
+			}
+			return fmt.Errorf("rabbitharness: node %s: reserving port %d while it is down: %w", n.Name, port, err)
+		}
+		fds = append(fds, fd)
+	}
+	n.mu.Lock()
+	n.reserved = fds
+	n.mu.Unlock()
+	return nil
+}
+
+// releasePorts closes the sockets of reservePorts.
+func (n *Node) releasePorts() {
+	n.mu.Lock()
+	fds := n.reserved
+	n.reserved = nil
+	n.mu.Unlock()
+	for _, fd := range fds {
+		_ = syscall.Close(fd)
+	}
+}
+
+// reservePort binds a TCP socket to 127.0.0.1:port with SO_REUSEADDR,
+// without listening, and returns its descriptor.
+func reservePort(port int) (int, error) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+		_ = syscall.Close(fd)
+		return -1, err
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		_ = syscall.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 // waitGone waits until the node's start script exited and no process
@@ -110,5 +178,6 @@ func (h *Harness) RestartNode(ctx context.Context, site string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.StartTimeout)
 	defer cancel()
+	defer n.releasePorts() // once the node holds them, or has failed
 	return h.startNode(ctx, n)
 }
