@@ -285,7 +285,10 @@ func TestAdaptiveWorkers(t *testing.T) {
 	require.Equal(t, ms(25), m.ServiceEstimate)
 	require.Equal(t, ms(212.5), m.PredictedWait) // 8·25 + 25/2
 
-	f.report("a", scoring.Load{ProcessingTime: ms(100)}) // Workers 0 keeps 4
+	// A second later (the eight could not have finished in less: the
+	// throughput bound would cap the report), with Workers 0, which keeps 4.
+	f.advance(time.Second)
+	f.report("a", scoring.Load{ProcessingTime: ms(100)})
 	require.Equal(t, 4, f.member("a").Workers)
 	for i := 0; i < 6; i++ {
 		f.e.InFlightStarted("a")
@@ -1025,18 +1028,23 @@ func TestAdaptiveCapsProcessingTimeByThroughput(t *testing.T) {
 	// 20 of queueing.
 	m := between(ms(25), 40, ms(25), ms(45))
 	require.Equal(t, ms(35), m.ProcessingTime, "t_p: the mean of what was reported")
-	// 40 sent, nothing pending: at least 39 finished (one may run), of
-	// which 3 may have started before the previous report: (1 s + 10 ms)
-	// / 36. The estimate weighs the reports by the messages they cover: 1
-	// and 40 (44.5 ms uncapped).
-	bound := (time.Second + ms(10)) / 36
+	// 40 sent, nothing pending: at least 39 started after the previous
+	// report and finished (one may run): (1 s + 10 ms) / 39. The estimate
+	// weighs the reports by the messages they cover: 1 and 40 (44.5 ms
+	// uncapped).
+	bound := (time.Second + ms(10)) / 39
 	require.InDelta(t, float64((ms(25)+40*bound)/41), float64(m.ServiceEstimate), float64(time.Microsecond))
 
 	// A member that reports what it measured is not touched: 20 of 40 ms
 	// messages fit the same second.
 	require.Equal(t, ms(40), between(ms(40), 20, ms(50), ms(40)).ServiceEstimate)
 
-	// Nor is one whose report covers too few messages for a bound: a
-	// long message started before its previous report.
-	require.Equal(t, ms(168), between(ms(40), 4, ms(15), ms(200)).ServiceEstimate, "(40×1 + 200×4) / 5, weighed by the messages each covers")
+	// Four sent 15 ms apart and none pending: three of them, at least,
+	// ran within the 60 ms, whatever a long message begun before the
+	// previous report added to the mean reported.
+	bound = (ms(60) + ms(10)) / 3
+	require.InDelta(t, float64((ms(40)+4*bound)/5), float64(between(ms(40), 4, ms(15), ms(200)).ServiceEstimate), float64(time.Microsecond))
+
+	// A report that covers too few messages for a bound is not touched.
+	require.InDelta(t, float64((ms(40)+2*ms(200))/3), float64(between(ms(40), 2, ms(15), ms(200)).ServiceEstimate), float64(time.Microsecond), "(40×1 + 200×2) / 3, weighed by the messages each covers")
 }
