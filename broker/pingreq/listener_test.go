@@ -8,15 +8,20 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
 	"net"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/luffymq/luffymq/internal/testenv"
 	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 )
 
@@ -292,7 +297,7 @@ func TestWrapListenerDelegates(t *testing.T) {
 		got = c
 		return errEstablish
 	})
-	require.ErrorIs(t, inner.serveErr, errEstablish, "establish's error reaches the inner listener")
+	require.NoError(t, inner.serveErr, "establish's error is the wrapper's to log (logConnectionEnd), not the inner listener's")
 	c, ok := got.(*Conn)
 	require.Truef(t, ok, "establish got %T", got)
 	require.Equal(t, a, c.NetConn())
@@ -303,4 +308,69 @@ func TestWrapListenerDelegates(t *testing.T) {
 	require.True(t, inner.closed)
 	require.Equal(t, "f1", closedID)
 	require.Equal(t, inner, wl.(interface{ Unwrap() listeners.Listener }).Unwrap())
+}
+
+// TestListenerLogsConnectionEnds: the error a connection ends with is
+// logged by the wrapper, with a message, a level that fits it and the
+// client's address, and not handed back to Mochi's listener (which would
+// log it again with an empty message, at WARN). Each client here sends one
+// byte naming the error establish returns, as Mochi's would.
+func TestListenerLogsConnectionEnds(t *testing.T) {
+	endings := map[byte]error{
+		'p': fmt.Errorf("read connection: %w", io.EOF),                                   // a port probe
+		'd': io.EOF,                                                                      // a device gone without DISCONNECT
+		't': fmt.Errorf("read: %w", os.ErrDeadlineExceeded),                              // a keepalive missed
+		'm': fmt.Errorf("read connection: %w", packets.ErrProtocolViolationProtocolName), // garbage before CONNECT
+		'b': packets.ErrBadUsernameOrPassword,                                            // refused
+		'n': nil,                                                                         // a clean DISCONNECT
+	}
+	for _, guarded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("guarded=%v", guarded), func(t *testing.T) {
+			var l listeners.Listener = WrapListener(listeners.NewTCP(listeners.Config{ID: "t1", Address: "127.0.0.1:0"}), 4096)
+			if guarded {
+				l = NewGuard(GuardConfig{MaxPayload: 4096, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).WrapListener(listeners.NewTCP(listeners.Config{ID: "t1", Address: "127.0.0.1:0"}))
+			}
+			logs := &testenv.LockedBuffer{}
+			// Mochi hands a listener its logger with the listener's ID.
+			require.NoError(t, l.Init(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("listener", "t1")))
+			ended := make(chan struct{}, len(endings))
+			go l.Serve(func(_ string, c net.Conn) error {
+				defer func() { ended <- struct{}{} }()
+				defer c.Close()
+				b := make([]byte, 1)
+				if _, err := io.ReadFull(c, b); err != nil {
+					return err
+				}
+				return endings[b[0]]
+			})
+			t.Cleanup(func() { l.Close(func(string) {}) })
+			for _, b := range []byte("pdtmbn") {
+				c, err := net.Dial("tcp", l.Address())
+				require.NoError(t, err)
+				_, err = c.Write([]byte{b})
+				require.NoError(t, err)
+				select {
+				case <-ended:
+				case <-time.After(5 * time.Second):
+					t.Fatal("establish did not return")
+				}
+				_ = c.Close()
+			}
+			// Each line is written after its establish returned.
+			require.Eventually(t, func() bool { return strings.Count(logs.String(), "\n") >= 5 }, 5*time.Second, 10*time.Millisecond, "logs:\n%s", logs.String())
+			time.Sleep(50 * time.Millisecond) // a sixth line, if any, comes now
+			out := logs.String()
+			require.NotContains(t, out, `msg=""`)
+			for _, want := range []string{
+				`level=DEBUG msg="connection closed before its CONNECT" listener=t1 remote=127.0.0.1:`,
+				`level=DEBUG msg="client connection lost without DISCONNECT" listener=t1 remote=127.0.0.1:`,
+				`level=INFO msg="client connection timed out" listener=t1 remote=127.0.0.1:`,
+				`level=WARN msg="client connection ended with an error" listener=t1 remote=127.0.0.1:`,
+				`level=WARN msg="client connection refused or ended by the broker" listener=t1 remote=127.0.0.1:`,
+			} {
+				require.Contains(t, out, want)
+			}
+			require.Equal(t, 5, strings.Count(out, "\n"), "one line per connection that ended with an error, none for a clean one:\n%s", out)
+		})
+	}
 }

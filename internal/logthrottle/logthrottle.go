@@ -1,7 +1,8 @@
 // Package logthrottle keeps a library's repeated log lines from flooding
 // the log: Mochi MQTT 2.7.9 writes one WARN line per delivery it drops for
 // a session past its in-flight limit ("client store quota reached"), and
-// one per connection that ends with an error, which a fleet reconnecting
+// one line is written per connection that ends with an error (by LuffyMQ's
+// listener, broker/pingreq, in Mochi's place), which a fleet reconnecting
 // or a slow subscriber under load turns into tens of thousands of lines.
 package logthrottle
 
