@@ -71,7 +71,7 @@ func (l *listener) logConnectionEnd(remote net.Addr, err error) {
 	if err == nil || l.log == nil {
 		return
 	}
-	beforeConnect := strings.HasPrefix(err.Error(), "read connection: ")
+	beforeConnect := strings.HasPrefix(err.Error(), mochiConnectReadError)
 	var ne net.Error
 	var code packets.Code
 	switch {
@@ -90,6 +90,12 @@ func (l *listener) logConnectionEnd(remote net.Addr, err error) {
 		l.log.Warn("client connection ended with an error", "remote", remote, "error", err)
 	}
 }
+
+// mochiConnectReadError begins the error Mochi 2.7.9's establish returns
+// when the CONNECT could not be read (it has no sentinel for it). Should a
+// later Mochi word it otherwise, a connection closed before its CONNECT is
+// logged as one lost without DISCONNECT, at the same level.
+const mochiConnectReadError = "read connection: "
 
 // Unwrap returns the inner listener.
 func (l *listener) Unwrap() listeners.Listener { return l.Listener }
