@@ -2,6 +2,8 @@ package scoring_test
 
 import (
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -175,5 +177,90 @@ func BenchmarkSelectMemberSystemClock(b *testing.B) {
 				i++
 			}
 		})
+	}
+}
+
+// timerAckedEngine returns an adaptive engine whose group testGroup has
+// size members that acknowledge on a 50 ms flush timer, as paho.golang's
+// manual acks do, and whose work is memoryless: each flush acknowledges a
+// Poisson count (mean 2) of the 4 deliveries each holds, refilled at once.
+// Their service times and variability are then learnt from the windows
+// between bursts, and selection predicts them by the Poisson shortfall of
+// what they hold (timerBacklog).
+func timerAckedEngine(tb testing.TB, size int) (*scoring.Engine, *scoring.ManualClock, []scoring.Message) {
+	tb.Helper()
+	clock := scoring.NewManualClock(testEpoch)
+	e, err := scoring.NewEngine(scoring.Config{Strategy: "adaptive", Clock: clock})
+	require.NoError(tb, err)
+	ids := make([]string, size)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("member-%04d", i)
+		e.Connect(ids[i])
+		e.Join(testGroup, ids[i])
+		for range 4 {
+			e.InFlightStarted(ids[i])
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 100 {
+		clock.Advance(50 * time.Millisecond)
+		for _, id := range ids {
+			acks := 0
+			for p, u := math.Exp(-2), rng.Float64(); u > p && acks < 3; acks++ {
+				u -= p
+				p *= 2 / float64(acks+1)
+			}
+			for range acks {
+				e.InFlightAcknowledged(id)
+			}
+			for range acks {
+				e.InFlightStarted(id)
+			}
+		}
+	}
+	msgs := make([]scoring.Message, 16)
+	for i := range msgs {
+		msgs[i] = scoring.Message{PublisherID: fmt.Sprintf("sensor-%d", i), Topic: "site/1/temp"}
+	}
+	return e, clock, msgs
+}
+
+// BenchmarkSelectMemberTimerAckedVariableWork is a selection among
+// members known from a flush timer's acks on variable work, whose
+// predictions sum a Poisson count per candidate.
+func BenchmarkSelectMemberTimerAckedVariableWork(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run(fmt.Sprintf("adaptive/%d", size), func(b *testing.B) {
+			e, clock, msgs := timerAckedEngine(b, size)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				clock.Advance(10 * time.Microsecond)
+				if _, ok := e.SelectMember(testGroup, msgs[i%len(msgs)]); !ok {
+					b.Fatal("no member selected")
+				}
+				i++
+			}
+		})
+	}
+}
+
+// TestSelectMemberTimerAckedDoesNotAllocate: selections among members
+// known from a flush timer's acks on variable work allocate nothing.
+func TestSelectMemberTimerAckedDoesNotAllocate(t *testing.T) {
+	if testing.CoverMode() != "" {
+		t.Skip("coverage instrumentation may allocate")
+	}
+	for _, size := range benchSizes {
+		e, clock, msgs := timerAckedEngine(t, size)
+		for i := range 200 {
+			allocs := testing.AllocsPerRun(1, func() {
+				clock.Advance(10 * time.Microsecond)
+				if _, ok := e.SelectMember(testGroup, msgs[i%len(msgs)]); !ok {
+					t.Fatal("no member selected")
+				}
+			})
+			require.Zero(t, allocs, "%d members, selection %d", size, i)
+		}
 	}
 }

@@ -1200,8 +1200,11 @@ func TestSimulationFleet(t *testing.T) {
 // every 50 ms, the ack-informed oracle (the members' true means, the
 // timer's grid, what is unacknowledged, and a Poisson count of what
 // finished since the last flush) is what those acks leave any broker:
-// 38.1, 24.4 and 20.0 ms on fleets of 6, 20 and 50 against the informed
-// oracle's 28.1, 7.8 and 2.6, that is 1.4×, 3.1× and 7.8× (2026-12-02).
+// 38.8, 24.2 and 19.3 ms on fleets of 6, 20 and 50 against the informed
+// oracle's 28.1, 7.8 and 2.6, that is 1.4×, 3.1× and 7.6×; adaptive,
+// which learns the means and the variability from the same acks, 43.0,
+// 32.0 and 28.8 ms (48.5, 35.7 and 30.4 before it learnt them from the
+// windows between bursts, 2026-12-03).
 // Likewise the report-informed oracle for QoS 0 members sending
 // thesis-format reports (every second and after their first message):
 // 62.8, 52.4 and 45.1 ms, 2.2×, 6.6× and 17× the informed oracle, with
@@ -1253,7 +1256,18 @@ func TestSimulationFleetVariableWork(t *testing.T) {
 				if b := means[bound]; b > 0 {
 					require.Less(t, b, means["jsq"], name)
 					require.Greater(t, b, means["informed-oracle"], name)
-					t.Logf("%s: %s %.2f ms = %.1f× the informed oracle; adaptive = %.1f× it", name, bound, b, b/means["informed-oracle"], means["adaptive"]/b)
+					t.Logf("%s: %s %.2f ms = %.1f× the informed oracle; adaptive = %.2f× it", name, bound, b, b/means["informed-oracle"], means["adaptive"]/b)
+				}
+				if b := means["ack-informed-oracle"]; b > 0 {
+					// The service times learnt from the windows between
+					// bursts (flushWindows) bring adaptive this close to
+					// what the acks allow: 1.11×, 1.32× and 1.49× on fleets
+					// of 6, 20 and 50 (1.25×, 1.47× and 1.57× before).
+					limit := 1.35
+					if n > 20 {
+						limit = 1.55
+					}
+					require.Less(t, means["adaptive"], limit*b, name)
 				}
 			}
 			if e := means["report-estimating-oracle"]; e > 0 {

@@ -1,6 +1,9 @@
 package scoring
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Variability keeps moving averages of a series of service times and of
 // their squares, so that how variable the work is can be told from them.
@@ -55,4 +58,34 @@ func (v *Variability) SquaredCV() float64 { return v.cv2 }
 func ExpectedRemaining(mean, ran time.Duration, cv2 float64) time.Duration {
 	left := max(mean-ran, 0)
 	return left + time.Duration(cv2*float64(mean-left))
+}
+
+// poissonShortfall is E[max(n − N, 0)] for N ~ Poisson(lambda): how many
+// of n messages are left after a Poisson count of completions. Far from
+// the edge (n > 40 and lambda below n/2) the count almost never reaches
+// n, and it is n − lambda; for a large lambda the count is taken as
+// normal.
+func poissonShortfall(n int, lambda float64) float64 {
+	if n <= 0 {
+		return 0
+	}
+	if n > 40 && lambda < float64(n)/2 {
+		return float64(n) - lambda
+	}
+	if lambda > 50 {
+		// The Poisson count is all but normal, and exp(−lambda) would
+		// underflow past 745.
+		sd := math.Sqrt(lambda)
+		z := (float64(n) - lambda) / sd
+		cdf := 0.5 * math.Erfc(-z/math.Sqrt2)
+		pdf := math.Exp(-z*z/2) / math.Sqrt(2*math.Pi)
+		return (float64(n)-lambda)*cdf + sd*pdf
+	}
+	p := math.Exp(-lambda) // P(N = 0)
+	left := 0.0
+	for j := range n {
+		left += float64(n-j) * p
+		p *= lambda / float64(j+1)
+	}
+	return left
 }
