@@ -44,20 +44,27 @@ func benchEngineOn(tb testing.TB, strategy string, size int, clock scoring.Clock
 	return e, msgs
 }
 
+// benchSelections times selections in testGroup, 10 µs apart on clock,
+// cycling through msgs.
+func benchSelections(b *testing.B, e *scoring.Engine, clock *scoring.ManualClock, msgs []scoring.Message) {
+	b.Helper()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		clock.Advance(10 * time.Microsecond)
+		if _, ok := e.SelectMember(testGroup, msgs[i%len(msgs)]); !ok {
+			b.Fatal("no member selected")
+		}
+		i++
+	}
+}
+
 func BenchmarkSelectMember(b *testing.B) {
 	for _, strategy := range scoring.Strategies() {
 		for _, size := range benchSizes {
 			b.Run(fmt.Sprintf("%s/%d", strategy, size), func(b *testing.B) {
 				e, clock, msgs := benchEngine(b, strategy, size)
-				b.ReportAllocs()
-				i := 0
-				for b.Loop() {
-					clock.Advance(10 * time.Microsecond)
-					if _, ok := e.SelectMember(testGroup, msgs[i%len(msgs)]); !ok {
-						b.Fatal("no member selected")
-					}
-					i++
-				}
+				benchSelections(b, e, clock, msgs)
 			})
 		}
 	}
@@ -232,15 +239,7 @@ func BenchmarkSelectMemberTimerAckedVariableWork(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run(fmt.Sprintf("adaptive/%d", size), func(b *testing.B) {
 			e, clock, msgs := timerAckedEngine(b, size)
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				clock.Advance(10 * time.Microsecond)
-				if _, ok := e.SelectMember(testGroup, msgs[i%len(msgs)]); !ok {
-					b.Fatal("no member selected")
-				}
-				i++
-			}
+			benchSelections(b, e, clock, msgs)
 		})
 	}
 }
