@@ -274,6 +274,9 @@ type member struct {
 	// overdueMeasured is whether what that message ran already counts
 	// among the service measurements (applyReport).
 	overdueMeasured bool
+	// reportedRunning is the messages its last report said were running
+	// (the SDK's in_progress; 0 when a report does not say).
+	reportedRunning int
 	// reportedBusy is whether its last report had a message pending or
 	// running.
 	reportedBusy bool
@@ -324,6 +327,7 @@ func (m *member) reset(now time.Duration) {
 	m.ackWindow = durationWindow{}
 	m.ackVariability = Variability{}
 	m.reportVariability, m.reportedBusy, m.reportsIdle = Variability{}, false, false
+	m.reportedRunning = 0
 	m.runningSince, m.overdueMeasured = -1, false
 	m.burstFrom, m.burstCount, m.ackLag, m.ackGrid = now, 0, 0, ackGrid{}
 	m.burstFreeAt = now
@@ -473,7 +477,10 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 		// (reported, plus sent since) count each a service time however
 		// long ago they were sent, in the share cv² of the estimate.
 		held := m.heldByReport()
-		if m.reportedBusy && m.reportedPending == 0 {
+		switch {
+		case m.reportedRunning > 0:
+			held += m.reportedRunning // the pending count leaves them out
+		case m.reportedBusy && m.reportedPending == 0:
 			held++ // the running one
 		}
 		held = (held + m.workers - 1) / m.workers
@@ -571,6 +578,7 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 	m.thesisWindow.push(reported)
 	m.reportedPending = l.Pending
 	m.reportedBusy = l.Pending > 0 || l.InProgress > 0
+	m.reportedRunning = l.InProgress
 	if l.HasReceived && !m.reportedBusy {
 		m.reportsIdle = true
 	}
