@@ -349,8 +349,8 @@ func (m *member) learnsFromAcks() bool { return m.acksAreFinishes && m.ackWindow
 // by the broker are evidence and win over what the member reports.
 func (m *member) service() time.Duration {
 	if m.timerVariability() > 0 {
-		// A timer's acks do not time single messages; the windows in
-		// which the member was busy throughout do.
+		// A timer's acks do not time single messages; the windows
+		// between its bursts do (flushWindows).
 		return m.flushWins.mean()
 	}
 	if m.learnsFromAcks() {
@@ -961,8 +961,9 @@ func (m *member) noteFlushWindow(now, start time.Duration, known bool, sent time
 const variableTimerWork = 0.6
 
 // timerVariability is the squared coefficient of variation of the work of
-// a member whose acknowledgements a timer flushes, as its busy windows
-// show it (0 for any other member, or until they tell).
+// a member whose acknowledgements a timer flushes, as the windows between
+// its bursts show it, once it is at least variableTimerWork (0 below
+// that, for any other member, or until the windows tell).
 func (m *member) timerVariability() float64 {
 	if !m.acksAreFinishes || !m.acksOnTimer() || !m.flushWins.known() {
 		return 0
