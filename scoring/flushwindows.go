@@ -37,6 +37,9 @@ type flushWindows struct {
 	// memoryless work, and of its variance for work whose every message
 	// takes as long.
 	strayed, memorylessVar, fixedVar float64
+	// cv2 is squaredCV, computed when a window is added: selections read
+	// it for every candidate.
+	cv2 float64
 }
 
 // flushWindowMemory is how many finished messages the estimate mostly
@@ -64,15 +67,16 @@ func (f *flushWindows) add(span, period time.Duration, held, n int) {
 	if f.finished > 0 && held <= maxCountedHeld {
 		lambda := float64(span) / (f.exposure / f.finished)
 		if lambda <= maxCountedLambda {
-			mean, variance := cappedPoisson(held, lambda)
-			d := float64(n) - mean
+			count := cappedPoisson(held, lambda)
+			d := float64(n) - count.mean
 			f.strayed = f.strayed*keep + d*d
-			f.memorylessVar = f.memorylessVar*keep + variance
+			f.memorylessVar = f.memorylessVar*keep + count.variance
 			f.fixedVar = f.fixedVar*keep + cappedFixedVariance(held, lambda)
 		}
 	}
 	f.exposure = f.exposure*keep + exposure
 	f.finished = f.finished*keep + float64(n)
+	f.cv2 = f.computeSquaredCV()
 }
 
 // ranOutAfter is the expected time, into a window span long, at which a
@@ -95,22 +99,11 @@ func (f *flushWindows) ranOutAfter(span, period float64, n int) float64 {
 		return span * share
 	}
 	mean := f.exposure / f.finished
-	atLeastN, atLeastNext := poissonTail(n, span/mean)
-	if atLeastN <= 0 {
+	count := cappedPoisson(n, span/mean)
+	if count.atLeast <= 0 {
 		return span * share
 	}
-	return min(float64(n)*mean*atLeastNext/atLeastN, span)
-}
-
-// poissonTail returns P(N ≥ n) and P(N ≥ n+1) for N ~ Poisson(lambda).
-func poissonTail(n int, lambda float64) (atLeastN, atLeastNext float64) {
-	p := math.Exp(-lambda)
-	below := 0.0
-	for j := range n {
-		below += p
-		p *= lambda / float64(j+1)
-	}
-	return max(1-below, 0), max(1-below-p, 0)
+	return min(float64(n)*mean*count.atLeastNext/count.atLeast, span)
 }
 
 // minCVSpread is how far, in summed variance, the windows seen must tell
@@ -146,30 +139,14 @@ func (f *flushWindows) mean() time.Duration {
 // poorly (either way a message ends in them or not); until the windows
 // seen tell them apart by at least minCVSpread in summed variance, it
 // says 0.
-func (f *flushWindows) squaredCV() float64 {
+func (f *flushWindows) squaredCV() float64 { return f.cv2 }
+
+func (f *flushWindows) computeSquaredCV() float64 {
 	spread := f.memorylessVar - f.fixedVar
 	if spread < minCVSpread {
 		return 0
 	}
 	return min(max((f.strayed-f.fixedVar)/spread, 0), 1)
-}
-
-// cappedPoisson is the mean and variance of min(N, held) for N ~
-// Poisson(lambda).
-func cappedPoisson(held int, lambda float64) (mean, variance float64) {
-	p := math.Exp(-lambda) // P(N = j), from j = 0
-	below := 0.0           // P(N < j)
-	var m1, m2 float64
-	for j := range held {
-		m1 += float64(j) * p
-		m2 += float64(j*j) * p
-		below += p
-		p *= lambda / float64(j+1)
-	}
-	rest := max(1-below, 0) // P(N ≥ held)
-	m1 += float64(held) * rest
-	m2 += float64(held*held) * rest
-	return m1, max(m2-m1*m1, 0)
 }
 
 // cappedFixedVariance is the variance of the count of messages, of held,

@@ -277,9 +277,6 @@ type member struct {
 	// reportedRunning is the messages its last report said were running
 	// (the SDK's in_progress; 0 when a report does not say).
 	reportedRunning int
-	// reportedBusy is whether its last report had a message pending or
-	// running.
-	reportedBusy bool
 	// reportsIdle is whether it has sent a report saying, explicitly,
 	// that nothing is pending or running (LuffyMQ's SDK: it reports going
 	// idle at once). Its silence then means it still holds work.
@@ -326,7 +323,7 @@ func (m *member) reset(now time.Duration) {
 	m.lastCompletion = now
 	m.ackWindow = durationWindow{}
 	m.ackVariability = Variability{}
-	m.reportVariability, m.reportedBusy, m.reportsIdle = Variability{}, false, false
+	m.reportVariability, m.reportsIdle = Variability{}, false
 	m.reportedRunning = 0
 	m.runningSince, m.overdueMeasured = -1, false
 	m.burstFrom, m.burstCount, m.ackLag, m.ackGrid = now, 0, 0, ackGrid{}
@@ -402,7 +399,7 @@ func (m *member) noteIfFree() {
 	case m.reportsIdle:
 		// A member that reports going idle at once (the SDK), not one
 		// that reports on a timer only.
-		free = !m.reportedBusy && m.sentSinceReport == 0
+		free = !m.reportedBusy() && m.sentSinceReport == 0
 	}
 	if free {
 		m.selectedIn.noteFreed(m.selectedAt)
@@ -476,13 +473,7 @@ func (m *member) predictedStart(now, svc, silentAfter time.Duration) time.Durati
 		// no more than any other moment, so the messages the member holds
 		// (reported, plus sent since) count each a service time however
 		// long ago they were sent, in the share cv² of the estimate.
-		held := m.heldByReport()
-		switch {
-		case m.reportedRunning > 0:
-			held += m.reportedRunning // the pending count leaves them out
-		case m.reportedBusy && m.reportedPending == 0:
-			held++ // the running one
-		}
+		held := m.heldByReport() + m.reportedRunning // pending leaves out what runs
 		held = (held + m.workers - 1) / m.workers
 		counted := now + time.Duration(held)*svc
 		if blend := start + time.Duration(cv2*float64(counted-start)); blend > start {
@@ -577,9 +568,8 @@ func (m *member) applyReport(now time.Duration, l Load, prior time.Duration) {
 	// Thesis bookkeeping, exactly as §1.3.
 	m.thesisWindow.push(reported)
 	m.reportedPending = l.Pending
-	m.reportedBusy = l.Pending > 0 || l.InProgress > 0
 	m.reportedRunning = l.InProgress
-	if l.HasReceived && !m.reportedBusy {
+	if l.HasReceived && !m.reportedBusy() {
 		m.reportsIdle = true
 	}
 	m.sentSinceReport = 0
@@ -730,7 +720,7 @@ func (m *member) checkAcksAgainstReport(l Load) {
 // recordSend books a message handed to the member at now, which starts at
 // start and is assumed to take svc.
 func (m *member) recordSend(now, start, svc time.Duration) {
-	if m.reportsIdle && !m.reportedBusy && m.sentSinceReport == 0 {
+	if m.reportsIdle && !m.reportedBusy() && m.sentSinceReport == 0 {
 		// Reported idle, nothing sent since: this one starts on arrival.
 		m.runningSince, m.overdueMeasured = now, false
 	}
@@ -772,9 +762,12 @@ func (m *member) deliveryAcknowledged(now, prior time.Duration) (learnt bool) {
 	if known && sent > start {
 		start = sent
 	}
-	m.noteFlushWindow(now, start, known, sent)
+	// An ack within ackBurstGap of the previous one, for a message that
+	// was queued then, belongs to the same burst.
+	queuedInBurst := now-m.lastCompletion <= ackBurstGap && (!known || sent < m.lastCompletion)
+	m.noteFlushWindow(start, queuedInBurst, known, sent)
 	switch {
-	case m.burstCount > 0 && now-m.lastCompletion <= ackBurstGap && (!known || sent < m.lastCompletion):
+	case m.burstCount > 0 && queuedInBurst:
 		// Another ack of the same burst, for a message that was queued:
 		// the burst's completions share the time it covers.
 		sameBurst = true
@@ -913,6 +906,10 @@ func (m *member) outstanding() int {
 	return m.heldByReport()
 }
 
+// reportedBusy is whether its last report had a message pending or
+// running. m's lock is held.
+func (m *member) reportedBusy() bool { return m.reportedPending > 0 || m.reportedRunning > 0 }
+
 // heldByReport is what the member holds as far as its last report and the
 // broker's sends tell: the pending count it reported and the messages sent
 // to it since. m's lock is held.
@@ -927,15 +924,14 @@ func (m *member) lockedAtReceiveMaximum() bool {
 	return m.receiveMax > 0 && m.inflight >= m.receiveMax
 }
 
-// noteFlushWindow books an acknowledgement, at now, of a message sent at
-// sent (when known) whose work began at start at the earliest, in the
-// windows flushWins learns from. An ack that follows the previous one
-// within ackBurstGap, for a message that was queued, is in the same burst;
-// any other ends the window and begins the next, which starts at start
+// noteFlushWindow books an acknowledgement of a message sent at sent
+// (when known) whose work began at start at the earliest, in the windows
+// flushWins learns from. An ack of the same burst (queuedInBurst) adds to
+// the window; any other ends it and begins the next, which starts at start
 // with the messages sent until then. m's lock is held; inflight and sends
 // already exclude the acknowledged message.
-func (m *member) noteFlushWindow(now, start time.Duration, known bool, sent time.Duration) {
-	sameBurst := m.windowAcks > 0 && now-m.lastCompletion <= ackBurstGap && (!known || sent < m.lastCompletion)
+func (m *member) noteFlushWindow(start time.Duration, queuedInBurst, known bool, sent time.Duration) {
+	sameBurst := m.windowAcks > 0 && queuedInBurst
 	switch {
 	case sameBurst && (!known || sent <= m.windowFrom):
 		m.windowAcks++

@@ -603,7 +603,7 @@ func (s *simRun) ackInformedOracle() int {
 				tick -= s.cfg.ackFlush
 			}
 			lambda := float64(max(s.now-max(m.busySince, tick), 0)) / float64(m.service)
-			start = max(start, s.now+time.Duration(poissonShortfall(n, lambda)*float64(m.service)))
+			start = max(start, s.now+time.Duration(scoring.PoissonShortfall(n, lambda)*float64(m.service)))
 		}
 		return start
 	}, lastSentTo)
@@ -640,7 +640,7 @@ func (s *simRun) reportInformedStart(m *simMember, svc time.Duration) time.Durat
 	start := s.now + s.cfg.wire
 	if held > 0 && svc > 0 {
 		lambda := float64(max(s.now-m.seenWrittenAt, 0)) / float64(svc)
-		start = max(start, s.now+time.Duration(poissonShortfall(held, lambda)*float64(svc)))
+		start = max(start, s.now+time.Duration(scoring.PoissonShortfall(held, lambda)*float64(svc)))
 	}
 	return start
 }
@@ -672,18 +672,6 @@ func (s *simRun) reportEstimatingOracle() int {
 		}
 		return s.reportInformedStart(m, svc)
 	}, lastSentTo)
-}
-
-// poissonShortfall is E[max(n − N, 0)] for N ~ Poisson(lambda): how many of
-// n messages are left after a Poisson count of completions.
-func poissonShortfall(n int, lambda float64) float64 {
-	p := math.Exp(-lambda) // P(N = 0)
-	left := 0.0
-	for j := 0; j < n; j++ {
-		left += float64(n-j) * p
-		p *= lambda / float64(j+1)
-	}
-	return left
 }
 
 // informedStart is the informed oracle's expected start of a message sent

@@ -61,31 +61,58 @@ func ExpectedRemaining(mean, ran time.Duration, cv2 float64) time.Duration {
 }
 
 // poissonShortfall is E[max(n − N, 0)] for N ~ Poisson(lambda): how many
-// of n messages are left after a Poisson count of completions. Far from
-// the edge (n > 40 and lambda below n/2) the count almost never reaches
-// n, and it is n − lambda; for a large lambda the count is taken as
-// normal.
+// of n messages are left after a Poisson count of completions. The sum
+// skips the probabilities beyond 12 standard deviations of lambda (below
+// 1e-30): n − lambda when n lies that far above it, 0 that far below,
+// otherwise only the terms within them, in logarithms so that a large
+// lambda does not underflow.
 func poissonShortfall(n int, lambda float64) float64 {
 	if n <= 0 {
 		return 0
 	}
-	if n > 40 && lambda < float64(n)/2 {
+	spread := 12 * math.Sqrt(max(lambda, 1))
+	switch {
+	case float64(n) >= lambda+spread:
 		return float64(n) - lambda
+	case float64(n) <= lambda-spread:
+		return 0
+	case lambda <= 50:
+		return float64(n) - cappedPoisson(n, lambda).mean
 	}
-	if lambda > 50 {
-		// The Poisson count is all but normal, and exp(−lambda) would
-		// underflow past 745.
-		sd := math.Sqrt(lambda)
-		z := (float64(n) - lambda) / sd
-		cdf := 0.5 * math.Erfc(-z/math.Sqrt2)
-		pdf := math.Exp(-z*z/2) / math.Sqrt(2*math.Pi)
-		return (float64(n)-lambda)*cdf + sd*pdf
-	}
-	p := math.Exp(-lambda) // P(N = 0)
+	from := max(int(lambda-spread), 0) // every term below it is negligible
+	lg, _ := math.Lgamma(float64(from + 1))
+	p := math.Exp(float64(from)*math.Log(lambda) - lambda - lg) // P(N = from)
 	left := 0.0
-	for j := range n {
+	for j := from; j < n; j++ {
 		left += float64(n-j) * p
 		p *= lambda / float64(j+1)
 	}
 	return left
+}
+
+// cappedCount describes min(N, n) for N ~ Poisson(lambda).
+type cappedCount struct {
+	mean, variance float64
+	atLeast        float64 // P(N ≥ n)
+	atLeastNext    float64 // P(N ≥ n+1)
+}
+
+// cappedPoisson sums the Poisson probabilities below n once for what
+// poissonShortfall, flushWindows' variability and its run-out times need.
+// For a lambda past 745 every probability below n underflows to 0: the
+// count is then taken to reach n.
+func cappedPoisson(n int, lambda float64) cappedCount {
+	p := math.Exp(-lambda) // P(N = j), from j = 0
+	below := 0.0           // P(N < j)
+	var m1, m2 float64
+	for j := range n {
+		m1 += float64(j) * p
+		m2 += float64(j*j) * p
+		below += p
+		p *= lambda / float64(j+1)
+	}
+	atLeast := max(1-below, 0)
+	m1 += float64(n) * atLeast
+	m2 += float64(n*n) * atLeast
+	return cappedCount{mean: m1, variance: max(m2-m1*m1, 0), atLeast: atLeast, atLeastNext: max(atLeast-p, 0)}
 }
