@@ -380,27 +380,30 @@ func allTimed(members []scoring.MemberSnapshot) bool {
 
 // dispatch says where the last message ready in wq.<g> should go now,
 // the other sites' states having changed: to the site router chooses for
-// it (booked there, and when the router expects it there), or nowhere
-// (""), when the local members would start it soonest or nothing waits in
-// wq.<g>. A site chosen is counted as taking one message from wq.<g>;
-// undispatch takes that back when the queue was empty after all.
-func (v *overflowView) dispatch(now time.Time, router *wqroute.Router) (string, time.Time) {
+// it (d.site, booked there, and d.due, when the router expects it there),
+// or nowhere (d.site empty), when the local members would start it
+// soonest or nothing waits in wq.<g>. d also says what the choice weighed,
+// for tracing; ok is false when nothing waits or nothing can be said. A
+// site chosen is counted as taking one message from wq.<g>; undispatch
+// takes that back when the queue was empty after all.
+func (v *overflowView) dispatch(now time.Time, router *wqroute.Router) decision {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.members == nil || v.readyWork == 0 {
-		return "", time.Time{}
+		return decision{}
 	}
 	load := v.siteMembers(now, router)
 	wait, ok := v.localStart(load, v.readyWork+v.readyIntake-1, max(v.ttl, maxLocalPrediction))
 	if !ok {
-		return "", time.Time{}
+		return decision{}
 	}
-	c := router.RouteWeighed(now, wait, v.localCost(now, load, wait, max(v.ttl, heldTTL)), max(v.ttl, heldTTL))
-	if c.Site == "" {
-		return "", time.Time{}
+	cost := v.localCost(now, load, wait, max(v.ttl, heldTTL))
+	c := router.RouteWeighed(now, wait, cost, max(v.ttl, heldTTL))
+	d := decision{site: c.Site, due: c.Due, local: wait, cost: cost, start: c.Start, ok: true}
+	if c.Site != "" {
+		v.readyWork--
 	}
-	v.readyWork--
-	return c.Site, c.Due
+	return d
 }
 
 // undispatch counts back a message dispatch took from wq.<g> that was

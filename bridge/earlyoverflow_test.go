@@ -177,16 +177,16 @@ func TestOverflowViewDecideRoutes(t *testing.T) {
 	// there (20 ms); the one before it (120 ms here, 120 ms there) stays.
 	st.Sent, st.Taken = now.Add(40*ms).UnixNano(), map[string]uint64{"here": 3}
 	r.Observe(st, now.Add(60*ms))
-	if site, _ := v.dispatch(now.Add(60*ms), r); site != "near" {
-		t.Fatalf("dispatch to an idle site: %q, want near", site)
+	if d := v.dispatch(now.Add(60*ms), r); d.site != "near" || !d.ok || d.local != 220*ms || d.start != 20*ms {
+		t.Fatalf("dispatch to an idle site: %+v, want near, weighed 220ms here against 20ms there", d)
 	}
-	if site, _ := v.dispatch(now.Add(60*ms), r); site != "" {
+	if site := v.dispatch(now.Add(60*ms), r).site; site != "" {
 		t.Fatalf("dispatch on a tie: %q, want none", site)
 	}
 	// Nothing ready here: nothing to dispatch, whatever near's state.
 	r.Unbook("near")
 	v.undispatch()
-	if site, _ := v.dispatch(now.Add(60*ms), r); site != "" {
+	if site := v.dispatch(now.Add(60*ms), r).site; site != "" {
 		t.Fatalf("dispatch from an empty queue: %q, want none", site)
 	}
 	// State is published with the waits as of now.

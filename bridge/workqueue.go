@@ -190,7 +190,7 @@ func (b *Bridge) exportWork(pk packets.Packet) {
 			now := time.Now()
 			d := g.view.decide(now, g.router)
 			if g.router != nil && b.log.Enabled(context.Background(), slog.LevelDebug) {
-				b.traceRoute(g, now, d, pk.Payload)
+				b.traceRoute(g, now, "bridge: work-queue route", d, pk.Payload)
 			}
 			switch {
 			case d.site != "":
@@ -558,11 +558,13 @@ func (h *wakeHook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 // the group's changed membership are for the others now.
 func (h *wakeHook) OnDisconnect(*mqtt.Client, error, bool) { h.b.wake() }
 
-// traceRoute logs, at debug level, where a local publish went and what the
-// router knew of each other site when it chose: the trace that explains a
-// routing decision afterwards. head is the payload's first 16 bytes in hex,
-// for matching the line with the publisher's own record of the message.
-func (b *Bridge) traceRoute(g *workGroup, now time.Time, d decision, payload []byte) {
+// traceRoute logs, at debug level under msg, where a local publish went
+// (or a held one, dispatched or kept: dispatchHeld) and what the router
+// knew of each other site when it chose: the trace that explains a
+// routing decision afterwards. head is the payload's first 16 bytes in
+// hex, for matching the line with the publisher's own record of the
+// message; a held message not dispatched has none (nil payload).
+func (b *Bridge) traceRoute(g *workGroup, now time.Time, msg string, d decision, payload []byte) {
 	to := b.cfg.Site
 	switch {
 	case d.site != "":
@@ -575,5 +577,5 @@ func (b *Bridge) traceRoute(g *workGroup, now time.Time, d decision, payload []b
 		attrs = append(attrs, slog.Group(v.Site, "age", v.Age, "delay", v.Delay, "intake", v.Intake, "outstanding", v.Outstanding,
 			"members", v.Members, "idle", v.Idle, "start", v.Start, "ok", v.OK))
 	}
-	b.log.Debug("bridge: work-queue route", attrs...)
+	b.log.Debug(msg, attrs...)
 }

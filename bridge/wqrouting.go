@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"strconv"
 	"time"
@@ -436,8 +437,13 @@ const maxDispatch = 64
 // consumers do, without the round trip of a pull.
 func (b *Bridge) dispatchHeld(ctx context.Context, ch *amqp.Channel, g *workGroup) error {
 	for range maxDispatch {
-		site, due := g.view.dispatch(time.Now(), g.router)
+		now := time.Now()
+		dec := g.view.dispatch(now, g.router)
+		site, due := dec.site, dec.due
 		if site == "" {
+			if dec.ok && b.log.Enabled(ctx, slog.LevelDebug) {
+				b.traceRoute(g, now, "bridge: work-queue held", dec, nil)
+			}
 			return nil
 		}
 		d, ok, err := ch.Get(g.queue(), false)
@@ -473,6 +479,9 @@ func (b *Bridge) dispatchHeld(ctx context.Context, ch *amqp.Channel, g *workGrou
 			return fmt.Errorf("acknowledging a dispatched message of %s: %w", g.queue(), err)
 		}
 		b.stats.wqRoutedTo(g.name, site)
+		if b.log.Enabled(ctx, slog.LevelDebug) {
+			b.traceRoute(g, now, "bridge: work-queue dispatch", dec, d.Body)
+		}
 	}
 	return nil
 }
