@@ -358,8 +358,11 @@ func TestOverflowViewDemandInputs(t *testing.T) {
 // A publish that finds no other site's state fresh, at a broker that has
 // heard of other sites, waits in wq.<g> and asks for the states, when its
 // wait is longer than the nearest site is away; it no longer leaves by the
-// hash ring to a site drawn by weight. Members that cannot be predicted
-// (wq.<g> keeps eq. 2.12's TTL) keep the old rule.
+// hash ring to a site drawn by weight. So does one that would outlive
+// eq. 2.12's TTL when members cannot be predicted (wq.<g> then keeps that
+// TTL, which bounds the hold) or no site is known yet (a broker's first
+// overflow): before, it left by the ring at once, which could bring it
+// back to this site's own intake.
 func TestOverflowViewDecideAsksForStatesWhenNoneIsFresh(t *testing.T) {
 	ms := time.Millisecond
 	now := time.Unix(1000, 0)
@@ -381,11 +384,30 @@ func TestOverflowViewDecideAsksForStatesWhenNoneIsFresh(t *testing.T) {
 	if d := quick.decide(later, r); d.askStates || d.overflow {
 		t.Fatalf("decide with 10 ms to wait (tunis 22 ms away) = %+v; want it kept without asking", d)
 	}
-	// A member without a service time: eq. 2.12's TTL, and the old rule.
+	// A member without a service time: held under eq. 2.12's TTL while
+	// the states are asked for, when the wait exceeds that TTL; kept
+	// without asking when it does not (the TTL would not expire).
 	var untimed overflowView
 	untimed.setMembers([]scoring.MemberSnapshot{member(900*ms, time.Second), {Online: true, InFlight: 1, AcksAreFinishes: true}}, 500*ms, later)
-	if d := untimed.decide(later, r); d.askStates {
-		t.Fatalf("decide with an unpredictable member = %+v; want the TTL's rule, not a hold", d)
+	if d := untimed.decide(later, r); !d.askStates || d.overflow {
+		t.Fatalf("decide with an unpredictable member and 900 ms to wait = %+v; want held under the TTL, asking for states", d)
+	}
+	var untimedQuick overflowView
+	untimedQuick.setMembers([]scoring.MemberSnapshot{member(300*ms, time.Second), {Online: true, InFlight: 1, AcksAreFinishes: true}}, 500*ms, later)
+	if d := untimedQuick.decide(later, r); d.askStates || d.overflow {
+		t.Fatalf("decide with an unpredictable member and 300 ms to wait (TTL 500 ms) = %+v; want it kept without asking", d)
+	}
+	// No other site heard of yet: the same, rather than the ring at once.
+	fresh := wqroute.NewRouter(wqroute.Config{Site: "berlin", Broker: "berlin-1", StaleAfter: 1500 * ms})
+	var first overflowView
+	first.setMembers([]scoring.MemberSnapshot{member(900*ms, time.Second)}, 500*ms, later)
+	if d := first.decide(later, fresh); !d.askStates || d.overflow || d.site != "" {
+		t.Fatalf("decide with no site known and 900 ms to wait = %+v; want held under the TTL, asking for states", d)
+	}
+	var firstQuick overflowView
+	firstQuick.setMembers([]scoring.MemberSnapshot{member(100*ms, time.Second)}, 500*ms, later)
+	if d := firstQuick.decide(later, fresh); d.askStates || d.overflow {
+		t.Fatalf("decide with no site known and 100 ms to wait = %+v; want it kept without asking", d)
 	}
 }
 
