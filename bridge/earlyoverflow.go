@@ -39,8 +39,10 @@ type overflowView struct {
 	// overflowed counts the publishes sent to the dead-letter exchange
 	// since the retune last asked (takeOverflowed).
 	overflowed int
-	// taken counts the messages the consume loop took from RabbitMQ.
-	taken uint64
+	// taken counts the messages the consume loop took from RabbitMQ;
+	// takenSeen, that count when members was read. One taken since is
+	// on its way to a member that members still shows free (ahead).
+	taken, takenSeen uint64
 	// idle is how many members were idle at idleRose's last call.
 	idle int
 	// published is when decide last saw a local publish; rate, the rate
@@ -143,7 +145,19 @@ func (v *overflowView) took() {
 func (v *overflowView) setMembers(members []scoring.MemberSnapshot, ttl time.Duration, now time.Time) {
 	v.mu.Lock()
 	v.members, v.seen, v.ttl = members, now, ttl
+	v.takenSeen = v.taken
 	v.mu.Unlock()
+}
+
+// ahead is how many messages a publish queued now waits behind at the
+// site, as far as this broker knows: those ready in wq.<g> and the intake
+// (both served first), and those the consume loop took after it last read
+// the members, which are being delivered to members it still shows free
+// (a routed message taken a moment before a local publish otherwise left
+// the publish predicted to start at once, and it waited a whole service
+// time). v.mu is held.
+func (v *overflowView) ahead() int {
+	return v.readyWork + v.readyIntake + int(v.taken-v.takenSeen)
 }
 
 // setReady records what a basic.get or a depth reading returned.
@@ -268,7 +282,7 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 			limit = max(limit, maxLocalPrediction)
 		}
 		load := v.siteMembers(now, router)
-		wait, ok := v.localStart(load, v.readyWork+v.readyIntake, limit)
+		wait, ok := v.localStart(load, v.ahead(), limit)
 		if ok && router != nil {
 			cost := v.localCost(now, load, wait, max(v.ttl, heldTTL))
 			if c := router.RouteWeighed(now, wait, cost, max(v.ttl, heldTTL)); c.Fresh {
@@ -364,7 +378,7 @@ func (v *overflowView) demandInputs(now time.Time, router *wqroute.Router, recen
 	if v.sustainedRate.PerSecond(now)*lease.Seconds() < 1 {
 		return 0, v.readyWork, false
 	}
-	wait, ok := v.localStart(v.siteMembers(now, router), v.readyWork+v.readyIntake, max(v.ttl, maxLocalPrediction))
+	wait, ok := v.localStart(v.siteMembers(now, router), v.ahead(), max(v.ttl, maxLocalPrediction))
 	if !ok {
 		wait = v.ttl
 	}
@@ -403,7 +417,7 @@ func (v *overflowView) dispatch(now time.Time, router *wqroute.Router) decision 
 		return decision{}
 	}
 	load := v.siteMembers(now, router)
-	wait, ok := v.localStart(load, v.readyWork+v.readyIntake-1, max(v.ttl, maxLocalPrediction))
+	wait, ok := v.localStart(load, v.ahead()-1, max(v.ttl, maxLocalPrediction))
 	if !ok {
 		return decision{}
 	}

@@ -497,3 +497,25 @@ func TestOverflowViewStateCountsTakesWithTheMembers(t *testing.T) {
 		t.Fatalf("after %d more takes: taken %d, %d times remembered; want %d and %d", maxRecentTakes+5, st.Taken["tunis"], n, maxRecentTakes+7, maxRecentTakes)
 	}
 }
+
+// A message the consume loop took after it last read the members is on
+// its way to a member those members still show free: a publish arriving
+// meanwhile counts it ahead, and is not predicted to start at once. The
+// next reading of the members replaces the count.
+func TestOverflowViewDecideCountsWhatTheLoopJustTook(t *testing.T) {
+	ms := time.Millisecond
+	now := time.Unix(1000, 0)
+	var v overflowView
+	// One member idle, one free in 200 ms, TTL 150 ms.
+	v.setMembers([]scoring.MemberSnapshot{member(0, 300*ms), member(200*ms, 300*ms)}, 150*ms, now)
+	v.took() // a routed message from the intake, taken for the idle member
+	if d := v.decide(now.Add(ms), nil); !d.overflow || d.local != 199*ms {
+		t.Fatalf("decide just after a take = %+v; want 199 ms (the idle member is taken), past the TTL", d)
+	}
+	// Read again: the taken message shows in the members (both busy, the
+	// first for 300 ms), and is not counted a second time.
+	v.setMembers([]scoring.MemberSnapshot{member(300*ms, 300*ms), member(100*ms, 300*ms)}, 150*ms, now.Add(100*ms))
+	if d := v.decide(now.Add(100*ms), nil); d.overflow || v.readyWork != 1 {
+		t.Fatalf("decide after the members were read again = %+v (ready %d); want it kept (100 ms), the take counted once", d, v.readyWork)
+	}
+}
