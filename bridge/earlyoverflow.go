@@ -304,10 +304,11 @@ func (v *overflowView) decide(now time.Time, router *wqroute.Router) decision {
 			// drawn by weight, busy or not. So does one that would
 			// outlive eq. 2.12's TTL here when no site is known yet (a
 			// broker's first overflow after it started) or its
-			// members are not all timed: the queue's TTL is then eq.
-			// 2.12's, and a state arriving within it dispatches the
-			// message; otherwise it expires into the ring, as it would
-			// have left at once. Sent at once, the ring brought some
+			// members are not all timed: the queue's TTL bounds the
+			// hold (eq. 2.12's while members are untimed, heldTTL once
+			// all are), a state arriving within it dispatches the
+			// message, and otherwise it expires into the ring, as it
+			// would have left at once. Sent at once, the ring brought some
 			// of them back to this site's own intake (its weight is
 			// this site's spare capacity), where they waited for the
 			// members they had left (500-545 ms at the thesis's scale).
