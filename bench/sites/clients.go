@@ -281,15 +281,12 @@ type mqttReceiver struct {
 	closed atomic.Bool
 }
 
-func dialMQTTReceiver(ctx context.Context, addr, id, filter string, index int, service time.Duration, rec *sitesRecorder) (*mqttReceiver, error) {
+func dialMQTTReceiver(ctx context.Context, addr, id, filter string, index int, service, ackInterval time.Duration, rec *sitesRecorder) (*mqttReceiver, error) {
 	r := &mqttReceiver{}
 	var client atomic.Pointer[paho.Client]
 	cc := paho.ClientConfig{
 		EnableManualAcknowledgment: service > 0,
-		// Acknowledge as soon as processing ends (paho batches manual
-		// acknowledgements every 50 ms by default), as the AMQP consumers
-		// do.
-		SendAcksInterval: time.Millisecond,
+		SendAcksInterval:           ackInterval,
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
 			rec.record(index, pr.Packet.Payload, time.Now())
 			if service > 0 {

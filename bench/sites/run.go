@@ -457,7 +457,7 @@ func (r *sitesRunner) runWQ(ctx context.Context, run *SitesRun, w wqWorkload) er
 		for i, s := range w.Sites {
 			for k := range w.Consumers[i] {
 				addReceiver(i, func(idx int) (sitesReceiver, error) {
-					return dialMQTTReceiver(ctx, brokers[i].Addr(), fmt.Sprintf("wq-%s-%d", s, k), share, idx, w.Service, rec)
+					return dialMQTTReceiver(ctx, brokers[i].Addr(), fmt.Sprintf("wq-%s-%d", s, k), share, idx, w.Service, r.cfg.memberAckInterval(), rec)
 				})
 			}
 			addPublisher(i, func() (sitesPublisher, error) {
@@ -696,7 +696,7 @@ func (r *sitesRunner) runPS(ctx context.Context, run *SitesRun, w psWorkload) er
 		}
 		for i, c := range w.Subscribers {
 			addReceiver(c, func(idx int) (sitesReceiver, error) {
-				return dialMQTTReceiver(ctx, brokers[c.Site].Addr(), fmt.Sprintf("sub-%d-%s", i, w.Sites[c.Site]), w.Topics[c.Exchange]+"/#", idx, 0, rec)
+				return dialMQTTReceiver(ctx, brokers[c.Site].Addr(), fmt.Sprintf("sub-%d-%s", i, w.Sites[c.Site]), w.Topics[c.Exchange]+"/#", idx, 0, 0, rec)
 			})
 		}
 		for i, c := range w.Producers {

@@ -75,6 +75,11 @@ type SitesConfig struct {
 	// (--wq-state-interval) when not zero; zero keeps the binary's
 	// default, not scaled.
 	WQStateInterval time.Duration `json:"wq_state_interval_ns,omitempty"`
+	// MemberAckInterval is how often the work-queue members (plain
+	// paho.golang clients) send their acknowledgements
+	// (paho.ClientConfig.SendAcksInterval); zero in results written before
+	// it could be set, which used 1 ms.
+	MemberAckInterval time.Duration `json:"member_ack_interval_ns,omitempty"`
 	// LuffyMQ is the luffymq binary ("" builds ./cmd/luffymq).
 	LuffyMQ string `json:"-"`
 	// Controller is the luffy-controller binary of the reconfig runs (""
@@ -107,8 +112,17 @@ func DefaultSitesConfig() SitesConfig {
 		DrainTimeout:     30 * time.Second,
 		Window:           500 * time.Millisecond,
 		Seed:             1,
+		// Acknowledge as soon as processing ends, as the AMQP consumers
+		// do; paho.golang's own default batches them every 50 ms
+		// (PahoDefaultAckInterval).
+		MemberAckInterval: time.Millisecond,
 	}
 }
+
+// PahoDefaultAckInterval is paho.golang's default SendAcksInterval: a
+// member that keeps it sends the acknowledgements of what it processed in
+// batches, this often.
+const PahoDefaultAckInterval = 50 * time.Millisecond
 
 // timeFactor is how many times faster than the thesis's the run goes: its
 // 1 s service time over ServiceTime.
@@ -274,6 +288,9 @@ func (c SitesConfig) validate() error {
 	}
 	if c.WQStateInterval != 0 && c.WQStateInterval < bridge.MinStateInterval {
 		return fmt.Errorf("%s %s: want %s or more (0: luffymq's default)", flagWQStateInterval, c.WQStateInterval, bridge.MinStateInterval)
+	}
+	if c.MemberAckInterval < 0 {
+		return fmt.Errorf("--member-ack-interval %s: want a positive interval (paho's default is %s)", c.MemberAckInterval, PahoDefaultAckInterval)
 	}
 	return nil
 }
@@ -593,6 +610,7 @@ func sitesNotes(cfg SitesConfig) []string {
 		"luffymq runs as the real binary, one process per site, bridged to its site's node (--amqp-url, --amqp-management-url, --site). Pub/sub architectures fullmesh, star, random and luffymq use the same luffymq brokers and MQTT clients and differ only in their federation links, set through bridge.ApplyFederation (per-exchange upstreams): fullmesh federates each exchange between all its sites with max-hops 1; the others join each exchange's sites through one synchronisation site with max-hops 2 (algorithms.md §2.2). luffy-bench plays the controller: luffymq's plan is placement.Improved on the scenario's traffic, star puts every sync instance at " + cfg.Sites[0] + ", random at a random site of the exchange (seeded).",
 		fmt.Sprintf("reconfig runs the real control plane: luffy-controller (the binary, --period %s, --lambda %s, placement.Improved) reads every node's management API and publishes each site's configuration message to luffymq.config.<site> when the plan changes; each luffymq's site agent (--federation-max-hops 2) applies it, adding the new links before removing the old ones, and the old upstream's agent re-publishes what a removed link held (luffymq-conserve) or deletes it (luffymq-discard, --federation-discard-held). luffy-bench sends the first configuration (placement.Improved on the first phase's traffic) through the same queues; the controller stops when publishing ends.", cfg.ReconfigPeriod, harness.TrimFloat(cfg.Lambda)),
 		"Plain-RabbitMQ baselines (queue-federation, cloud, cloud-dist) use AMQP 0-9-1 clients (amqp091-go) directly, not MQTT: RabbitMQ's MQTT plugin is not among the plugins the harness enables, and AMQP is RabbitMQ's native path. Publishers use publisher confirms and persistent messages, as the luffymq bridge does towards RabbitMQ.",
+		fmt.Sprintf("luffymq's work-queue members are plain paho.golang MQTT v5 clients (QoS 1, manual acknowledgement after processing, one message at a time, no LuffyMQ SDK) sending their acknowledgements every %s (paho's SendAcksInterval; its default is %s).", cfg.memberAckInterval(), PahoDefaultAckInterval),
 		"Latency = receipt time (pub/sub) or start of processing (work queue) − send time, both read on this machine's clock. Lost = accepted by the broker (PUBACK or confirm) and never received by a subscriber owed it (pub/sub: every subscriber of the exchange, all subscribed before measuring starts) or never processed (work queue). Before measuring, every producer sends warm-up messages until every subscriber owed them has one (work queue: until someone processed one).",
 		wqNote(cfg),
 		"Overlay messages per site: messages the site's RabbitMQ delivered over federation links it is the upstream of (channel statistics of the federation connections, read every second); for the cloud, client messages that crossed the WAN from that site. Overlay bytes: every byte through the site's WAN links in each direction.",
@@ -644,6 +662,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	wqUnacked := fs.Int("wq-unacked-per-member", 0, fmt.Sprintf("luffymq's %s (0: its default, %d)", flagWQUnacked, bridge.DefaultUnackedPerMember))
 	wqRetune := fs.Duration("wq-retune-interval", 0, "luffymq's "+flagWQRetune+" (0: its default, "+bridge.DefaultRetuneInterval.String()+", not scaled)")
 	wqState := fs.Duration("wq-state-interval", 0, "luffymq's "+flagWQStateInterval+" for "+ArchLuffyMQ+" and "+ArchLuffyMQNearest+" (0: its default, "+bridge.DefaultStateInterval.String()+", not scaled)")
+	ackInterval := fs.Duration("member-ack-interval", d.MemberAckInterval, "how often the work-queue members (plain paho.golang clients acknowledging after processing) send their acknowledgements; paho's default is "+PahoDefaultAckInterval.String())
 	trace := fs.Bool("trace", false, "write trace-<scenario>-<architecture>.csv per work-queue run in --out: each message's origin, publish time, the site that started it and when (LUFFY_BENCH_SITES_LOG_LEVEL=debug adds luffymq's route choices, with the router's inputs, to logs/)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -662,7 +681,7 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	cfg.WQDuration, cfg.PSDuration, cfg.PhaseDuration, cfg.ReconfigPeriod = *wqDur, *psDur, *phase, *period
 	cfg.Lambda, cfg.DrainTimeout, cfg.Window, cfg.Seed = *lambda, *drain, *window, sd
 	cfg.WQTTLPerMember, cfg.WQMaxLengthPerMember, cfg.WQUnackedPerMember, cfg.WQRetuneInterval = *wqTTL, *wqMaxLength, *wqUnacked, *wqRetune
-	cfg.WQStateInterval = *wqState
+	cfg.WQStateInterval, cfg.MemberAckInterval = *wqState, *ackInterval
 	return RunSites(ctx, cfg)
 }
 
@@ -671,4 +690,13 @@ func sitesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err := sitesCommand(ctx, args, stdout, stderr)
 	return harness.ExitCode(err, stderr)
+}
+
+// memberAckInterval is MemberAckInterval, 1 ms when unset (as every run
+// before it could be set).
+func (c SitesConfig) memberAckInterval() time.Duration {
+	if c.MemberAckInterval <= 0 {
+		return time.Millisecond
+	}
+	return c.MemberAckInterval
 }

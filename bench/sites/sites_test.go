@@ -462,6 +462,17 @@ func TestSitesConfigValidation(t *testing.T) {
 		bad(&cc)
 		require.ErrorContains(t, cc.validate(), "--wq-")
 	}
+
+	// The members' acknowledgement interval: 1 ms unless set, stated in
+	// the notes.
+	require.Contains(t, strings.Join(sitesNotes(c), "\n"), "sending their acknowledgements every 1ms (paho's SendAcksInterval; its default is 50ms)")
+	paho := c
+	paho.MemberAckInterval = PahoDefaultAckInterval
+	require.NoError(t, paho.validate())
+	require.Contains(t, strings.Join(sitesNotes(paho), "\n"), "sending their acknowledgements every 50ms")
+	require.Equal(t, time.Millisecond, SitesConfig{}.memberAckInterval(), "results written before it could be set used 1 ms")
+	paho.MemberAckInterval = -time.Millisecond
+	require.ErrorContains(t, paho.validate(), "--member-ack-interval -1ms")
 }
 
 // sitesFixture is a small, hand-made result set.
