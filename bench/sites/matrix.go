@@ -68,6 +68,9 @@ type SitesMatrixConfig struct {
 	Primary string `json:"primary"`
 	// WQStateInterval is SitesConfig.WQStateInterval for every cell.
 	WQStateInterval time.Duration `json:"wq_state_interval_ns,omitempty"`
+	// MemberAckInterval is SitesConfig.MemberAckInterval for every cell
+	// (0: 1 ms).
+	MemberAckInterval time.Duration `json:"member_ack_interval_ns,omitempty"`
 	// LuffyMQ is the luffymq binary ("" builds ./cmd/luffymq).
 	LuffyMQ  string    `json:"-"`
 	Out      string    `json:"-"`
@@ -130,6 +133,9 @@ func (c SitesMatrixConfig) cellConfig(t SitesTopology, scale float64, repeat int
 	cfg.ServiceTime = time.Duration(float64(time.Second) / scale).Round(time.Millisecond)
 	cfg.WQDuration = c.duration(scale)
 	cfg.LuffyMQ, cfg.Progress, cfg.WQStateInterval = c.LuffyMQ, c.Progress, c.WQStateInterval
+	if c.MemberAckInterval > 0 {
+		cfg.MemberAckInterval = c.MemberAckInterval
+	}
 	cfg.Out = filepath.Join(c.Out, "runs", fmt.Sprintf("%s-%sx-r%d", t.Name, harness.TrimFloat(scale), repeat+1))
 	return cfg
 }
@@ -473,7 +479,7 @@ func sitesMatrixMarkdown(res *SitesMatrixResults) string {
 		res.Generated.Format("2006-01-02 15:04 UTC"), MatrixCommand, res.Machine.CPU, res.Machine.Cores, res.Machine.GoVersion, res.RabbitMQ)
 	fmt.Fprintf(&b, "Each cell ran %d time(s); figures are medians over the runs, ratios are taken within each run (the same publishes, one after another on the same nodes) and their median reported. ", cfg.Repeat)
 	fmt.Fprintf(&b, "At scale s consumers take 1 s / s a message and publishing lasts %s service times (at least %s); one-way delays are those of scenarios.md §C, not scaled. ", harness.TrimFloat(cfg.ServiceTimes), cfg.MinDuration)
-	b.WriteString("Clients are plain MQTT v5 (paho.golang) members acknowledging after processing, no LuffyMQ SDK; the plain-RabbitMQ baselines use AMQP clients. Each run's own report is in `runs/<topology>-<scale>x-r<k>/summary.md`.\n\n")
+	b.WriteString("Clients are plain MQTT v5 (paho.golang) members acknowledging after processing, no LuffyMQ SDK, sending their acknowledgements every "+SitesConfig{MemberAckInterval: cfg.MemberAckInterval}.memberAckInterval().String()+" (paho's default is "+PahoDefaultAckInterval.String()+"); the plain-RabbitMQ baselines use AMQP clients. Each run's own report is in `runs/<topology>-<scale>x-r<k>/summary.md`.\n\n")
 	b.WriteString("Topologies (the second site is the busy one):\n\n")
 	for _, t := range cfg.Topologies {
 		fmt.Fprintf(&b, "- **%s**: %s; %d consumers a site; seed %d\n", t.Name, strings.Join(t.Sites, ", "), t.Consumers, t.Seed)
@@ -636,6 +642,7 @@ func sitesMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	minDur := fs.Duration("min-duration", d.MinDuration, "shortest publishing time of a run")
 	render := fs.Bool("render", false, "run nothing: write matrix.md and the plots of --out again from its matrix.json")
 	wqState := fs.Duration("wq-state-interval", 0, "luffymq's "+flagWQStateInterval+" for "+ArchLuffyMQ+" and "+ArchLuffyMQNearest+" (0: its default, "+bridge.DefaultStateInterval.String()+", not scaled)")
+	ackInterval := fs.Duration("member-ack-interval", 0, "how often the work-queue members (plain paho.golang clients) send their acknowledgements (0: 1 ms; paho's default is "+PahoDefaultAckInterval.String()+")")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -667,6 +674,10 @@ func sitesMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	}
 	cfg.Scenarios, cfg.Architectures, cfg.Primary = harness.SplitList(*scenarios), harness.SplitList(*archs), *primary
 	cfg.Repeat, cfg.ServiceTimes, cfg.MinDuration, cfg.WQStateInterval = *repeat, *serviceTimes, *minDur, *wqState
+	if *ackInterval < 0 {
+		return fmt.Errorf("--member-ack-interval %s: want a positive interval (paho's default is %s)", *ackInterval, PahoDefaultAckInterval)
+	}
+	cfg.MemberAckInterval = *ackInterval
 	cfg.Out, cfg.LuffyMQ, cfg.Progress = *out, *luffymq, stdout
 	return RunSitesMatrix(ctx, cfg)
 }

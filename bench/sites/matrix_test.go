@@ -107,6 +107,7 @@ func TestWriteSitesMatrix(t *testing.T) {
 		"| tunis-busy-4 | 10× |",
 		"WAN messages ≤ queue federation",
 		"6 of 10 goal checks met",
+		"sending their acknowledgements every 1ms (paho's default is 50ms)",
 		"| tunis-busy-4 | 10× | 0.53× yes (oracle 0.33×) | 1.60× no | 0.33× yes | 0 / 0 yes | 1.67× no |",
 	} {
 		if !strings.Contains(string(md), want) {
@@ -156,6 +157,7 @@ func TestSitesMatrixFlags(t *testing.T) {
 		{[]string{"--out", "x", "--scenario", "ps-B"}, "work-queue scenarios only"},
 		{[]string{"--out", "x", "--architectures", "luffymq"}, "must include queue-federation"},
 		{[]string{"--out", "x", "--repeat", "0"}, "--repeat 0"},
+		{[]string{"--out", "x", "--member-ack-interval", "-5ms"}, "--member-ack-interval -5ms"},
 		{[]string{"--topologies", "tokyo-busy-3"}, "--out is required"},
 	} {
 		err := sitesMatrixCommand(context.Background(), tt.args, io.Discard, io.Discard)
@@ -171,6 +173,11 @@ func TestSitesMatrixFlags(t *testing.T) {
 func TestDefaultSitesMatrixCells(t *testing.T) {
 	cfg := DefaultSitesMatrixConfig()
 	cfg.Out = t.TempDir()
+	paho := cfg
+	paho.MemberAckInterval = PahoDefaultAckInterval
+	if got := paho.cellConfig(cfg.Topologies[0], 1, 0).MemberAckInterval; got != PahoDefaultAckInterval {
+		t.Errorf("--member-ack-interval 50ms: a cell's members acknowledge every %v", got)
+	}
 	for _, top := range cfg.Topologies {
 		for _, scale := range cfg.Scales {
 			cc := cfg.cellConfig(top, scale, 0).ScaledWQ()
@@ -181,6 +188,9 @@ func TestDefaultSitesMatrixCells(t *testing.T) {
 				if _, err := newWQWorkload(sc, cc.Sites, cc.ConsumersPerSite, 1, cc.ServiceTime, cc.WQDuration); err != nil {
 					t.Errorf("%s at %v×, %s: %v", top.Name, scale, sc, err)
 				}
+			}
+			if cc.MemberAckInterval != time.Millisecond {
+				t.Errorf("%s at %v×: members acknowledge every %v, want 1ms unless --member-ack-interval says", top.Name, scale, cc.MemberAckInterval)
 			}
 			if cc.WQDuration < cfg.MinDuration {
 				t.Errorf("%s at %v×: publishing %v, below the minimum", top.Name, scale, cc.WQDuration)
