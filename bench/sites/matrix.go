@@ -479,7 +479,7 @@ func sitesMatrixMarkdown(res *SitesMatrixResults) string {
 		res.Generated.Format("2006-01-02 15:04 UTC"), MatrixCommand, res.Machine.CPU, res.Machine.Cores, res.Machine.GoVersion, res.RabbitMQ)
 	fmt.Fprintf(&b, "Each cell ran %d time(s); figures are medians over the runs, ratios are taken within each run (the same publishes, one after another on the same nodes) and their median reported. ", cfg.Repeat)
 	fmt.Fprintf(&b, "At scale s consumers take 1 s / s a message and publishing lasts %s service times (at least %s); one-way delays are those of scenarios.md §C, not scaled. ", harness.TrimFloat(cfg.ServiceTimes), cfg.MinDuration)
-	b.WriteString("Clients are plain MQTT v5 (paho.golang) members acknowledging after processing, no LuffyMQ SDK, sending their acknowledgements every "+SitesConfig{MemberAckInterval: cfg.MemberAckInterval}.memberAckInterval().String()+" (paho's default is "+PahoDefaultAckInterval.String()+"); the plain-RabbitMQ baselines use AMQP clients. Each run's own report is in `runs/<topology>-<scale>x-r<k>/summary.md`.\n\n")
+	b.WriteString("Clients are plain MQTT v5 (paho.golang) members acknowledging after processing, no LuffyMQ SDK, sending their acknowledgements every " + SitesConfig{MemberAckInterval: cfg.MemberAckInterval}.memberAckInterval().String() + " (paho's default is " + PahoDefaultAckInterval.String() + "); the plain-RabbitMQ baselines use AMQP clients. Each run's own report is in `runs/<topology>-<scale>x-r<k>/summary.md`.\n\n")
 	b.WriteString("Topologies (the second site is the busy one):\n\n")
 	for _, t := range cfg.Topologies {
 		fmt.Fprintf(&b, "- **%s**: %s; %d consumers a site; seed %d\n", t.Name, strings.Join(t.Sites, ", "), t.Consumers, t.Seed)
