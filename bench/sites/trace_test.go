@@ -33,10 +33,10 @@ func TestWriteWQTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := strings.Join([]string{
-		"id,origin,sent_ms,site,started_ms,wait_ms",
-		"0000000000000001,berlin,10.0,tunis,15.5,5.5",
-		"0000000100000001,tunis,20.0,berlin,70.0,50.0",
-		"0000000100000001,tunis,20.0,tunis,90.0,70.0",
+		"id,origin,sent_ms,site,started_ms,wait_ms,member",
+		"0000000000000001,berlin,10.0,tunis,15.5,5.5,1",
+		"0000000100000001,tunis,20.0,berlin,70.0,50.0,0",
+		"0000000100000001,tunis,20.0,tunis,90.0,70.0,1",
 	}, "\n") + "\n"
 	if string(got) != want {
 		t.Fatalf("trace:\n%s\nwant:\n%s", got, want)
