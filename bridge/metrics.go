@@ -71,6 +71,7 @@ func newStats(b *Bridge) *stats {
 			"wq_states":              d("wq_states_sent_total", "Group states this broker sent to another site while that site asked for them (--wq-route nearest); each crosses the WAN once.", "queue", "to"),
 			"wq_states_why":          d("wq_states_sent_by_reason_total", "The states of wq_states_sent_total by why they were sent: change (what the other sites' routers read changed), idle (a member went idle with nothing left to take), heartbeat (nothing changed for 5 state intervals), lease (the first to a site that just asked).", "queue", "reason"),
 			"wq_wants":               d("wq_state_requests_sent_total", "Requests for the other sites' group states this broker sent (--wq-route nearest); federation carries each to every other site.", "queue"),
+			"wq_empty_gets":          d("wq_empty_gets_total", "basic.gets of the work queue's consume loop that found wq.<g> or the intake empty.", "queue"),
 			"wq_at_pub":              d("wq_overflow_at_publish_total", "Local publishes sent to the work queue's dead-letter exchange at once, because the local members would not have started them within the queue's TTL (off with --wq-ttl-overflow-only).", "queue"),
 			"wq_ttl":                 d("wq_ttl_seconds", "Current message TTL of the work queue's policy (eq. 2.12).", "queue"),
 			"wq_maxlen":              d("wq_max_length", "Current max length of the work queue's policy (eq. 2.12).", "queue"),
@@ -148,6 +149,9 @@ type wqCounters struct {
 	// (stateReason).
 	statesWhy map[string]uint64
 	wants     uint64
+	// emptyGets counts the consume loop's basic.gets that found a queue
+	// (wq.<g> or the intake) empty.
+	emptyGets uint64
 }
 
 func (s *stats) wqGroup(g string) *wqCounters {
@@ -163,6 +167,14 @@ func (s *stats) wqGroup(g string) *wqCounters {
 func (s *stats) wqReceived(g string, src wqSource) {
 	s.mu.Lock()
 	s.wqGroup(g).received[src]++
+	s.mu.Unlock()
+}
+
+// wqEmptyGets counts n basic.gets of the consume loop that found their
+// queue empty.
+func (s *stats) wqEmptyGets(g string, n int) {
+	s.mu.Lock()
+	s.wqGroup(g).emptyGets += uint64(n)
 	s.mu.Unlock()
 }
 
@@ -291,6 +303,10 @@ type WorkQueueStats struct {
 	// for stateHolderHeartbeatIntervals) and "lease" (the first to a site
 	// that just asked).
 	StatesWhy map[string]uint64
+	// EmptyGets counts the consume loop's basic.gets that found wq.<g> or
+	// the intake empty: what looking for work cost the node while there
+	// was none (the arrival bells stand in for them while members wait).
+	EmptyGets uint64
 	// MaxLength, TTL and Weight are what the last retune applied.
 	MaxLength int
 	TTL       time.Duration
@@ -328,6 +344,7 @@ func (b *Bridge) WorkQueueStats() map[string]WorkQueueStats {
 		w.RoutedTo = maps.Clone(c.routedTo)
 		w.Reclaimed, w.ReclaimedRedelivered = maps.Clone(c.reclaimed), maps.Clone(c.reclaimedRedelivered)
 		w.StatesTo, w.WantsSent, w.StatesWhy = maps.Clone(c.statesTo), c.wants, maps.Clone(c.statesWhy)
+		w.EmptyGets = c.emptyGets
 		out[g] = w
 	}
 	s.mu.Unlock()
@@ -422,6 +439,7 @@ func (s *stats) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_overflow"], prometheus.CounterValue, float64(n), q, o)
 		}
 		ch <- prometheus.MustNewConstMetric(s.descs["wq_at_pub"], prometheus.CounterValue, float64(w.OverflowAtPublish), q)
+		ch <- prometheus.MustNewConstMetric(s.descs["wq_empty_gets"], prometheus.CounterValue, float64(w.EmptyGets), q)
 		for site, n := range w.RoutedTo {
 			ch <- prometheus.MustNewConstMetric(s.descs["wq_routed"], prometheus.CounterValue, float64(n), q, site)
 		}

@@ -139,3 +139,81 @@ func TestWorkQueuePullsAsSoonAsMemberFree(t *testing.T) {
 	require.Less(t, median, 6*time.Millisecond, "median idle gap")
 	require.LessOrEqual(t, long, count/4, "gaps of a pull loop that slept 10 ms")
 }
+
+// TestWorkQueueIdleLoopLeavesRabbitMQAlone checks that a work queue whose
+// member waits for work, with nothing to take, costs its RabbitMQ node no
+// basic.gets: the consume loop's arrival bells are consumers of both
+// queues, so RabbitMQ hands over the next message the moment it comes.
+// Before, the loop also looked at both queues at every round, every 10 to
+// 50 ms (in a five-site run of luffy-bench sites the nodes were 7 times as
+// busy as queue federation's). And the bells alone still bring a publish
+// to the member at once.
+func TestWorkQueueIdleLoopLeavesRabbitMQAlone(t *testing.T) {
+	h := sharedNodes(t)
+	n := h.Node("berlin")
+	const g = "wqidle"
+	share := "$share/" + g + "/" + g + "jobs/#"
+	b, err := broker.New(broker.Config{
+		MQTTListen:        "127.0.0.1:0",
+		ReportInterval:    time.Second,
+		Logger:            testLogger(t),
+		AMQPURL:           n.AMQPURL(),
+		AMQPManagementURL: n.ManagementURL(),
+		Site:              "berlin",
+		BrokerID:          "wqidle",
+		ExportGroups:      []string{share},
+		WorkQueue: bridge.WorkQueueConfig{
+			MaxLengthPerMember: 1000,
+			TTLPerMember:       30 * time.Second,
+		},
+	})
+	require.NoError(t, err)
+	require.NoError(t, b.Start())
+	t.Cleanup(func() { _ = b.Close() })
+	require.Eventually(t, b.Bridge().Connected, 30*time.Second, 20*time.Millisecond)
+
+	received := make(chan time.Time, 4)
+	conn, err := net.Dial("tcp", b.MQTTAddr())
+	require.NoError(t, err)
+	member := paho.NewClient(paho.ClientConfig{
+		ClientID: g + "-member",
+		Conn:     conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
+			func(paho.PublishReceived) (bool, error) {
+				received <- time.Now()
+				return true, nil
+			},
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = member.Connect(ctx, &paho.Connect{ClientID: g + "-member", KeepAlive: 30, CleanStart: true})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = member.Disconnect(&paho.Disconnect{})
+		_ = conn.Close()
+	})
+	_, err = member.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: share, QoS: 1}}})
+	require.NoError(t, err)
+
+	emptyGets := func() uint64 { return b.Bridge().WorkQueueStats()[g].EmptyGets }
+	require.Eventually(t, func() bool { return emptyGets() > 0 }, 10*time.Second, 10*time.Millisecond,
+		"the consume loop never looked at its queues")
+	time.Sleep(200 * time.Millisecond) // the bells are armed
+	before := emptyGets()
+	time.Sleep(2 * time.Second)
+	idle := emptyGets() - before
+	t.Logf("empty basic.gets in 2 s with the member idle: %d", idle)
+	require.LessOrEqual(t, idle, uint64(4), "the idle consume loop polls RabbitMQ")
+
+	pub := mqtttest.ConnectRecorder(t, b.MQTTAddr(), g+"-pub")
+	sent := time.Now()
+	pub.MustSend(t, &paho.Publish{Topic: g + "jobs/x", QoS: 1, Payload: []byte("one")})
+	select {
+	case at := <-received:
+		t.Logf("publish to member: %v", at.Sub(sent).Round(10*time.Microsecond))
+		require.Less(t, at.Sub(sent), time.Second, "the bells did not bring the publish at once")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the member never got the publish")
+	}
+}

@@ -262,7 +262,7 @@ func runWorkQueue(t *testing.T, h *rabbitharness.Harness, s wqSetup) wqResult {
 			}
 		}
 	}
-	for _, name := range []string{"wq_messages_received_total", "wq_messages_settled_total", "wq_overflow_received_total", "wq_overflow_at_publish_total", "wq_ttl_seconds", "wq_max_length", "wq_weight", "wq_messages_in_queue", "agent_actions_total"} {
+	for _, name := range []string{"wq_messages_received_total", "wq_messages_settled_total", "wq_overflow_received_total", "wq_overflow_at_publish_total", "wq_empty_gets_total", "wq_ttl_seconds", "wq_max_length", "wq_weight", "wq_messages_in_queue", "agent_actions_total"} {
 		require.True(t, seen["luffymq_bridge_"+name], "metric %s missing", name)
 	}
 	r := wqResult{sent: s.messages, stats: map[string]bridge.WorkQueueStats{}}

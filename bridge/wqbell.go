@@ -50,6 +50,11 @@ func (a *arrivalBell) arm() error {
 	return nil
 }
 
+// armed reports whether the bell's consumer is on its queue: RabbitMQ
+// hands it the next message that reaches the queue, so while it has not
+// rung the queue holds nothing for this broker to take.
+func (a *arrivalBell) armed() bool { return a.tag != "" }
+
 // ringing is the channel of the armed bell's message: nil (never ready)
 // while disarmed.
 func (a *arrivalBell) ringing() <-chan amqp.Delivery {

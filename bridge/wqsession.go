@@ -287,11 +287,27 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 			}
 			continue
 		}
+		// With both bells armed and silent, both queues are empty: a bell
+		// rings as soon as a message reaches its queue, so a basic.get
+		// would only ask RabbitMQ what the bells already say. The loop
+		// still comes round every few milliseconds, to read the members
+		// (the group state) and to notice a member gone idle. Before, it
+		// looked at both queues each time, about a hundred basic.gets a
+		// second per broker with nothing to take.
 		source := fromOwnOverflow
-		d, ok, err := ch.Get(IntakeQueueName(g.name), false)
-		if err == nil && !ok {
-			source = fromWorkQueue
-			d, ok, err = ch.Get(g.queue(), false)
+		var d amqp.Delivery
+		var ok bool
+		var err error
+		if !bells[fromOwnOverflow].armed() || !bells[fromWorkQueue].armed() {
+			d, ok, err = ch.Get(IntakeQueueName(g.name), false)
+			if err == nil && !ok {
+				b.stats.wqEmptyGets(g.name, 1)
+				source = fromWorkQueue
+				d, ok, err = ch.Get(g.queue(), false)
+				if err == nil && !ok {
+					b.stats.wqEmptyGets(g.name, 1)
+				}
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("taking from work queue %s: %w", g.queue(), err)
@@ -326,8 +342,9 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		}
 		// Other sites' overflow reaches the intake queue unannounced
 		// (this broker's own publishes wake the loop), and the bells ring
-		// when it comes; the loop still looks every 10 ms while some has
-		// come lately, and every 50 ms otherwise.
+		// when it comes; the loop still comes round every 10 ms while
+		// some has come lately, and every 50 ms otherwise, to read the
+		// members.
 		idle = min(2*idle, intakePollInterval(time.Since(lastIntake)))
 	}
 }
