@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/luffymq/luffymq/bridge"
-	"github.com/luffymq/luffymq/broker"
 	"github.com/luffymq/luffymq/internal/mqtttest"
 )
 
@@ -40,28 +39,13 @@ import (
 // comes after the selection engine counted the PUBACK is proven
 // deterministically by TestWakeAfterSelectionCounted.
 func TestWorkQueuePullsAsSoonAsMemberFree(t *testing.T) {
-	h := sharedNodes(t)
-	n := h.Node("berlin")
 	const g = "wqwake"
 	share := "$share/" + g + "/" + g + "jobs/#"
-	b, err := broker.New(broker.Config{
-		MQTTListen:        "127.0.0.1:0",
-		ReportInterval:    time.Second,
-		Logger:            testLogger(t),
-		AMQPURL:           n.AMQPURL(),
-		AMQPManagementURL: n.ManagementURL(),
-		Site:              "berlin",
-		BrokerID:          "wqwake",
-		ExportGroups:      []string{share},
-		WorkQueue: bridge.WorkQueueConfig{
-			MaxLengthPerMember: 1000,
-			TTLPerMember:       30 * time.Second, // nothing overflows: only the pull loop is measured
-			RetuneInterval:     100 * time.Millisecond,
-		},
+	b := startWQBroker(t, sharedNodes(t), "berlin", "wqwake", share, bridge.WorkQueueConfig{
+		MaxLengthPerMember: 1000,
+		TTLPerMember:       30 * time.Second, // nothing overflows: only the pull loop is measured
+		RetuneInterval:     100 * time.Millisecond,
 	})
-	require.NoError(t, err)
-	require.NoError(t, b.Start())
-	t.Cleanup(func() { _ = b.Close() })
 	require.Eventually(t, b.Bridge().Connected, 30*time.Second, 20*time.Millisecond)
 
 	// The whole burst is in wq.<g> before the member joins.
@@ -80,33 +64,14 @@ func TestWorkQueuePullsAsSoonAsMemberFree(t *testing.T) {
 	const service = 5 * time.Millisecond
 	var mu sync.Mutex
 	var received, finished []time.Time
-	conn, err := net.Dial("tcp", b.MQTTAddr())
-	require.NoError(t, err)
-	member := paho.NewClient(paho.ClientConfig{
-		ClientID: g + "-member",
-		Conn:     conn,
-		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
-			func(paho.PublishReceived) (bool, error) {
-				start := time.Now()
-				time.Sleep(service)
-				mu.Lock()
-				received = append(received, start)
-				finished = append(finished, time.Now())
-				mu.Unlock()
-				return true, nil
-			},
-		},
+	joinMember(t, b.MQTTAddr(), g+"-member", share, func() {
+		start := time.Now()
+		time.Sleep(service)
+		mu.Lock()
+		received = append(received, start)
+		finished = append(finished, time.Now())
+		mu.Unlock()
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err = member.Connect(ctx, &paho.Connect{ClientID: g + "-member", KeepAlive: 30, CleanStart: true})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = member.Disconnect(&paho.Disconnect{})
-		_ = conn.Close()
-	})
-	_, err = member.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: share, QoS: 1}}})
-	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -149,52 +114,16 @@ func TestWorkQueuePullsAsSoonAsMemberFree(t *testing.T) {
 // busy as queue federation's). And the bells alone still bring a publish
 // to the member at once.
 func TestWorkQueueIdleLoopLeavesRabbitMQAlone(t *testing.T) {
-	h := sharedNodes(t)
-	n := h.Node("berlin")
 	const g = "wqidle"
 	share := "$share/" + g + "/" + g + "jobs/#"
-	b, err := broker.New(broker.Config{
-		MQTTListen:        "127.0.0.1:0",
-		ReportInterval:    time.Second,
-		Logger:            testLogger(t),
-		AMQPURL:           n.AMQPURL(),
-		AMQPManagementURL: n.ManagementURL(),
-		Site:              "berlin",
-		BrokerID:          "wqidle",
-		ExportGroups:      []string{share},
-		WorkQueue: bridge.WorkQueueConfig{
-			MaxLengthPerMember: 1000,
-			TTLPerMember:       30 * time.Second,
-		},
+	b := startWQBroker(t, sharedNodes(t), "berlin", "wqidle", share, bridge.WorkQueueConfig{
+		MaxLengthPerMember: 1000,
+		TTLPerMember:       30 * time.Second,
 	})
-	require.NoError(t, err)
-	require.NoError(t, b.Start())
-	t.Cleanup(func() { _ = b.Close() })
 	require.Eventually(t, b.Bridge().Connected, 30*time.Second, 20*time.Millisecond)
 
 	received := make(chan time.Time, 4)
-	conn, err := net.Dial("tcp", b.MQTTAddr())
-	require.NoError(t, err)
-	member := paho.NewClient(paho.ClientConfig{
-		ClientID: g + "-member",
-		Conn:     conn,
-		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
-			func(paho.PublishReceived) (bool, error) {
-				received <- time.Now()
-				return true, nil
-			},
-		},
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err = member.Connect(ctx, &paho.Connect{ClientID: g + "-member", KeepAlive: 30, CleanStart: true})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = member.Disconnect(&paho.Disconnect{})
-		_ = conn.Close()
-	})
-	_, err = member.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: share, QoS: 1}}})
-	require.NoError(t, err)
+	joinMember(t, b.MQTTAddr(), g+"-member", share, func() { received <- time.Now() })
 
 	emptyGets := func() uint64 { return b.Bridge().WorkQueueStats()[g].EmptyGets }
 	require.Eventually(t, func() bool { return emptyGets() > 0 }, 10*time.Second, 10*time.Millisecond,
@@ -216,4 +145,33 @@ func TestWorkQueueIdleLoopLeavesRabbitMQAlone(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the member never got the publish")
 	}
+}
+
+// joinMember connects a plain paho.golang client as clientID, subscribes it
+// to share at QoS 1, and runs process on each message it receives before
+// paho acknowledges it. It leaves when the test ends.
+func joinMember(t *testing.T, addr, clientID, share string, process func()) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	member := paho.NewClient(paho.ClientConfig{
+		ClientID: clientID,
+		Conn:     conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
+			func(paho.PublishReceived) (bool, error) {
+				process()
+				return true, nil
+			},
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = member.Connect(ctx, &paho.Connect{ClientID: clientID, KeepAlive: 30, CleanStart: true})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = member.Disconnect(&paho.Disconnect{})
+		_ = conn.Close()
+	})
+	_, err = member.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: share, QoS: 1}}})
+	require.NoError(t, err)
 }
