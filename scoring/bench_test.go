@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -107,47 +108,80 @@ func TestSelectMemberDoesNotAllocate(t *testing.T) {
 	if testing.CoverMode() != "" {
 		t.Skip("coverage instrumentation may allocate")
 	}
-	check := func(t *testing.T, e *scoring.Engine, clock *scoring.ManualClock, msgs []scoring.Message, between func(i int)) {
-		t.Helper()
-		for i := 0; i < 300; i++ {
-			between(i)
-			msg := msgs[i%len(msgs)]
-			allocs := testing.AllocsPerRun(1, func() {
-				clock.Advance(10 * time.Microsecond)
-				if _, ok := e.SelectMember(testGroup, msg); !ok {
-					t.Fatal("no member selected")
-				}
-			})
-			require.Zero(t, allocs, "selection %d", i)
-		}
-	}
 	for _, strategy := range scoring.Strategies() {
 		for _, size := range benchSizes {
 			t.Run(fmt.Sprintf("%s/%d", strategy, size), func(t *testing.T) {
-				e, clock, msgs := benchEngine(t, strategy, size)
 				ids := make([]string, size)
 				for i := range ids {
 					ids[i] = fmt.Sprintf("member-%04d", i)
 				}
-				check(t, e, clock, msgs, func(i int) {
-					if i%10 == 0 { // keep the load state moving, newcomers included
-						e.Report(ids[(i*7)%size], scoring.Load{Pending: i % 3, ProcessingTime: time.Duration(i%2) * time.Millisecond})
-						e.InFlightStarted(ids[i%size])
-					}
-					if i%10 == 5 && i > 10 { // acknowledgements note freed members
-						e.InFlightAcknowledged(ids[(i-15)%size])
+				requireSelectionsDoNotAllocate(t, 300, func() (*scoring.Engine, *scoring.ManualClock, []scoring.Message, func(int)) {
+					e, clock, msgs := benchEngine(t, strategy, size)
+					return e, clock, msgs, func(i int) {
+						if i%10 == 0 { // keep the load state moving, newcomers included
+							e.Report(ids[(i*7)%size], scoring.Load{Pending: i % 3, ProcessingTime: time.Duration(i%2) * time.Millisecond})
+							e.InFlightStarted(ids[i%size])
+						}
+						if i%10 == 5 && i > 10 { // acknowledgements note freed members
+							e.InFlightAcknowledged(ids[(i-15)%size])
+						}
 					}
 				})
 			})
 		}
 	}
 	t.Run("all offline", func(t *testing.T) {
-		e, clock, msgs := benchEngine(t, "adaptive", 3)
-		for i := 0; i < 3; i++ {
-			e.Disconnect(fmt.Sprintf("member-%04d", i), false)
-		}
-		check(t, e, clock, msgs, func(int) {})
+		requireSelectionsDoNotAllocate(t, 300, func() (*scoring.Engine, *scoring.ManualClock, []scoring.Message, func(int)) {
+			e, clock, msgs := benchEngine(t, "adaptive", 3)
+			for i := 0; i < 3; i++ {
+				e.Disconnect(fmt.Sprintf("member-%04d", i), false)
+			}
+			return e, clock, msgs, func(int) {}
+		})
 	})
+}
+
+// requireSelectionsDoNotAllocate makes n selections on the engine that
+// start builds, each measured on its own and preceded by the returned
+// between(i), and fails if any allocated, in a second run of the same
+// sequence too. testing.AllocsPerRun counts the whole process's mallocs:
+// under make test (-race, the two cores shared with other packages' tests)
+// CI once saw one malloc on one selection in 300 (thesis, 1 000 members,
+// 2026-12-04) that 500 runs of the test alone did not show again. The
+// engine runs on a manual clock from fixed inputs, so an allocation of its
+// own comes back when the same sequence runs again; one from elsewhere in
+// the process does not.
+func requireSelectionsDoNotAllocate(t *testing.T, n int, start func() (*scoring.Engine, *scoring.ManualClock, []scoring.Message, func(int))) {
+	t.Helper()
+	first := allocatingSelections(t, n, start)
+	if len(first) == 0 {
+		return
+	}
+	t.Logf("selections that allocated (selection: mallocs): %v; running the same sequence again", first)
+	again := allocatingSelections(t, n, start)
+	require.Empty(t, again, "selections that allocated when the same sequence ran again (the first time: %v)", first)
+}
+
+// allocatingSelections runs the sequence of requireSelectionsDoNotAllocate
+// once and returns the selections that allocated, as "i: mallocs".
+func allocatingSelections(t *testing.T, n int, start func() (*scoring.Engine, *scoring.ManualClock, []scoring.Message, func(int))) []string {
+	t.Helper()
+	e, clock, msgs, between := start()
+	var allocating []string
+	for i := range n {
+		between(i)
+		msg := msgs[i%len(msgs)]
+		allocs := testing.AllocsPerRun(1, func() {
+			clock.Advance(10 * time.Microsecond)
+			if _, ok := e.SelectMember(testGroup, msg); !ok {
+				t.Fatal("no member selected")
+			}
+		})
+		if allocs != 0 {
+			allocating = append(allocating, fmt.Sprintf("%d: %v", i, allocs))
+		}
+	}
+	return allocating
 }
 
 // TestQoSFlowBookkeepingDoesNotAllocate: every QoS≥1 delivery to a member
@@ -251,15 +285,11 @@ func TestSelectMemberTimerAckedDoesNotAllocate(t *testing.T) {
 		t.Skip("coverage instrumentation may allocate")
 	}
 	for _, size := range benchSizes {
-		e, clock, msgs := timerAckedEngine(t, size)
-		for i := range 200 {
-			allocs := testing.AllocsPerRun(1, func() {
-				clock.Advance(10 * time.Microsecond)
-				if _, ok := e.SelectMember(testGroup, msgs[i%len(msgs)]); !ok {
-					t.Fatal("no member selected")
-				}
+		t.Run(strconv.Itoa(size), func(t *testing.T) {
+			requireSelectionsDoNotAllocate(t, 200, func() (*scoring.Engine, *scoring.ManualClock, []scoring.Message, func(int)) {
+				e, clock, msgs := timerAckedEngine(t, size)
+				return e, clock, msgs, func(int) {}
 			})
-			require.Zero(t, allocs, "%d members, selection %d", size, i)
-		}
+		})
 	}
 }
