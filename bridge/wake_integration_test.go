@@ -145,6 +145,25 @@ func TestWorkQueueIdleLoopLeavesRabbitMQAlone(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the member never got the publish")
 	}
+
+	// Each publish that rings the work queue's bell costs one basic.get
+	// of that queue once taken (empty again); the intake's bell, still
+	// armed, says the intake is empty without asking. Both gets at every
+	// message would make 2 a publish.
+	const spaced = 10
+	before = emptyGets()
+	for i := range spaced {
+		pub.MustSend(t, &paho.Publish{Topic: g + "jobs/x", QoS: 1, Payload: []byte(strconv.Itoa(i))})
+		select {
+		case <-received:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the member never got publish %d", i)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	perPublish := float64(emptyGets()-before) / spaced
+	t.Logf("empty basic.gets per publish to an idle member: %.1f", perPublish)
+	require.LessOrEqual(t, perPublish, 1.5, "a bell's ring made the loop look at both queues")
 }
 
 // joinMember connects a plain paho.golang client as clientID, subscribes it

@@ -294,19 +294,24 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		// (the group state) and to notice a member gone idle. Before, it
 		// looked at both queues each time, about a hundred basic.gets a
 		// second per broker with nothing to take.
+		// The same holds for one queue: after one bell rang, the other,
+		// still armed, says its queue is empty, and only the rung one's is
+		// looked at (one basic.get a message that came unannounced, not two).
 		source := fromOwnOverflow
 		var d amqp.Delivery
 		var ok bool
 		var err error
-		if !bells[fromOwnOverflow].armed() || !bells[fromWorkQueue].armed() {
+		if !bells[fromOwnOverflow].armed() {
 			d, ok, err = ch.Get(IntakeQueueName(g.name), false)
 			if err == nil && !ok {
 				b.stats.wqEmptyGets(g.name, 1)
-				source = fromWorkQueue
-				d, ok, err = ch.Get(g.queue(), false)
-				if err == nil && !ok {
-					b.stats.wqEmptyGets(g.name, 1)
-				}
+			}
+		}
+		if err == nil && !ok && !bells[fromWorkQueue].armed() {
+			source = fromWorkQueue
+			d, ok, err = ch.Get(g.queue(), false)
+			if err == nil && !ok {
+				b.stats.wqEmptyGets(g.name, 1)
 			}
 		}
 		if err != nil {
