@@ -170,11 +170,11 @@ func (s *stats) wqReceived(g string, src wqSource) {
 	s.mu.Unlock()
 }
 
-// wqEmptyGets counts n basic.gets of the consume loop that found their
-// queue empty.
-func (s *stats) wqEmptyGets(g string, n int) {
+// wqEmptyGet counts a basic.get of the consume loop that found its queue
+// empty.
+func (s *stats) wqEmptyGet(g string) {
 	s.mu.Lock()
-	s.wqGroup(g).emptyGets += uint64(n)
+	s.wqGroup(g).emptyGets++
 	s.mu.Unlock()
 }
 

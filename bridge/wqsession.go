@@ -287,16 +287,16 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 			}
 			continue
 		}
-		// With both bells armed and silent, both queues are empty: a bell
-		// rings as soon as a message reaches its queue, so a basic.get
-		// would only ask RabbitMQ what the bells already say. The loop
+		// An armed, silent bell says its queue is empty: it rings as soon
+		// as a message reaches the queue, so a basic.get there would only
+		// ask RabbitMQ what the bell already says. Only the queues whose
+		// bells are disarmed (none armed yet, or one just rang) are looked
+		// at, the intake first. With both armed the loop asks nothing and
 		// still comes round every few milliseconds, to read the members
 		// (the group state) and to notice a member gone idle. Before, it
-		// looked at both queues each time, about a hundred basic.gets a
-		// second per broker with nothing to take.
-		// The same holds for one queue: after one bell rang, the other,
-		// still armed, says its queue is empty, and only the rung one's is
-		// looked at (one basic.get a message that came unannounced, not two).
+		// looked at both queues each time: about a hundred empty
+		// basic.gets a second per broker while members waited, and two
+		// for every message that came unannounced.
 		source := fromOwnOverflow
 		var d amqp.Delivery
 		var ok bool
@@ -304,14 +304,14 @@ func (b *Bridge) consumeLoop(ctx context.Context, ch *amqp.Channel, g *workGroup
 		if !bells[fromOwnOverflow].armed() {
 			d, ok, err = ch.Get(IntakeQueueName(g.name), false)
 			if err == nil && !ok {
-				b.stats.wqEmptyGets(g.name, 1)
+				b.stats.wqEmptyGet(g.name)
 			}
 		}
 		if err == nil && !ok && !bells[fromWorkQueue].armed() {
 			source = fromWorkQueue
 			d, ok, err = ch.Get(g.queue(), false)
 			if err == nil && !ok {
-				b.stats.wqEmptyGets(g.name, 1)
+				b.stats.wqEmptyGet(g.name)
 			}
 		}
 		if err != nil {
