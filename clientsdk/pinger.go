@@ -256,6 +256,13 @@ func (p *reportPinger) Run(ctx context.Context, conn net.Conn, keepAlive uint16)
 // sendReport writes one report on the connection and records it.
 func (p *reportPinger) sendReport(w *packetWriter, sched *reportSchedule, now time.Time, via ReportChannel, reason reportReason) error {
 	r := p.src.takeReport(now)
+	// Pending jumps are measured from this report from now on, before the
+	// writer has it: once written, the broker (or a test reading the
+	// connection) may act on it, and a jump noted meanwhile against the
+	// report before would ask for a second one at once. Should the write
+	// fail, the connection ends, and the next starts again from 0.
+	p.lastPending.Store(int64(r.Pending))
+	p.jumpSignaled.Store(false)
 	var err error
 	if via == ReportViaPingreq {
 		err = p.enqueue(w, report.EncodePingreq(r), pingRecord{at: now, extended: true})
@@ -266,8 +273,6 @@ func (p *reportPinger) sendReport(w *packetWriter, sched *reportSchedule, now ti
 		return err
 	}
 	sched.sent(now, r.Pending, r.InProgress, r.Received, r.Processed)
-	p.lastPending.Store(int64(r.Pending))
-	p.jumpSignaled.Store(false)
 	p.reportsSent.Add(1)
 	p.log.Debug("load report sent", "via", via, "reason", reason.String(), "pending", r.Pending,
 		"processing_time", r.ProcessingTime, "backlog", r.Backlog, "in_progress", r.InProgress, "received", r.Received)
